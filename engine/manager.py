@@ -1,0 +1,219 @@
+"""ContinuousBatchingManager: the public face of the engine (SPEC section 3).
+
+Callers (any thread) submit requests and read results; one background thread owns
+every request, the scheduler and the runner, and loops:
+
+    drain the inbox -> schedule -> run the model and sample -> update -> deliver
+
+blocking on the inbox when there is nothing to do. Requests cross into the engine
+thread only through the inbox; only immutable GenerationOutputs come back out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from .config import ContinuousBatchingConfig
+from .engine_loop import EngineLoop
+from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
+from .generation_config import GenerationConfig, SamplingParams, resolve_eos
+from .outputs import GenerationOutput
+from .output_router import OutputRouter
+from .requests import RequestState
+
+logger = logging.getLogger(__name__)
+
+
+class ContinuousBatchingManager:
+    """Built by `EngineModel.init_continuous_batching` (or `generate_batch`), not by
+    users directly."""
+
+    def __init__(self, model, generation_config: GenerationConfig | None,
+                 continuous_batching_config: ContinuousBatchingConfig | None,
+                 workload_hints: dict | None = None) -> None:
+        self.model = model
+        self.generation_config = GenerationConfig.from_any(generation_config)
+        self.config = ContinuousBatchingConfig.from_any(continuous_batching_config)
+        self.default_sampling = SamplingParams.from_generation_config(self.generation_config)
+        self.router = OutputRouter()
+        self.loop = EngineLoop(model, self.config, self.router, workload_hints or {},
+                               logit_processing=not self.default_sampling.is_greedy
+                               or self.config.per_request_processors)
+        self.sizing = self.loop.sizing
+        self._thread: threading.Thread | None = None
+        self._accepting = False
+        self._destroyed = False
+        self._ids = itertools.count()
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_context = getattr(model.config, "max_position_embeddings", None)
+
+    # -- submitting ------------------------------------------------------------------
+    def add_request(self, input_ids: list[int], request_id: str | None = None,
+                    max_new_tokens: int | None = None, streaming: bool = False,
+                    record_timestamps: bool = False, eos_token_id: int | list[int] | None = None,
+                    **logit_processor_kwargs: Any) -> str | None:
+        """Any thread. Queue one request; returns its id, or None (with a warning)
+        when the manager is stopped. Raises InvalidRequestError, RequestTooLongError
+        or QueueFullError for requests that cannot be served."""
+        if not self._accepting:
+            logger.warning("manager is not running: request %s refused", request_id)
+            return None
+        request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
+                                     record_timestamps, eos_token_id, logit_processor_kwargs)
+        max_queue = self.config.max_queue_size
+        if max_queue and self.loop.num_pending() >= max_queue:
+            raise QueueFullError(f"{max_queue} requests are already queued (max_queue_size)")
+        self.loop.submit(request)
+        return request.request_id
+
+    def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None,
+                     streaming: bool = False, record_timestamps: bool = False,
+                     **logit_processor_kwargs: Any) -> list[str]:
+        """Any thread. Ids follow the order of `inputs`; with block sharing on, the
+        requests are queued sorted by tokens so shared prefixes run back to back."""
+        ids = [f"req_{next(self._ids)}" for _ in inputs]
+        order = range(len(inputs))
+        if self.config.allow_block_sharing:
+            order = sorted(order, key=lambda i: list(inputs[i]))
+        for i in order:
+            self.add_request(inputs[i], ids[i], max_new_tokens, streaming, record_timestamps,
+                             **logit_processor_kwargs)
+        return ids
+
+    def _make_request(self, input_ids, request_id, max_new_tokens, streaming,
+                      record_timestamps, eos_token_id, kwargs) -> RequestState:
+        prompt = list(input_ids) if input_ids is not None else []
+        if not prompt or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+            raise InvalidRequestError(
+                f"input_ids must be a non-empty list of token ids in [0, {self.vocab_size})")
+        if max_new_tokens is None:
+            max_new_tokens = self.generation_config.max_new_tokens
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        total = len(prompt) + max_new_tokens
+        if total > self.sizing.max_cached_tokens:
+            raise RequestTooLongError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                f"exceeds the KV cache ({self.sizing.max_cached_tokens} tokens)")
+        if self.max_context and total > self.max_context:
+            raise RequestTooLongError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                f"exceeds the model's context length ({self.max_context})")
+        sampling = self.default_sampling.with_overrides(kwargs, self.vocab_size)
+        if request_id is None:
+            request_id = f"req_{next(self._ids)}"
+        return RequestState(
+            request_id=str(request_id), prompt_ids=prompt, max_new_tokens=max_new_tokens,
+            eos_token_ids=resolve_eos(self.generation_config.eos_token_id, eos_token_id),
+            sampling=sampling, streaming=streaming, record_timestamps=record_timestamps,
+            want_logprobs=self.config.return_logprobs or sampling.logprobs)
+
+    def cancel_request(self, request_id: str) -> None:
+        """Any thread. The request is dropped and its blocks freed at the next step;
+        no further output is delivered for it."""
+        self.router.unregister(request_id)
+        self.loop.cancel(request_id)
+
+    # -- results -----------------------------------------------------------------------
+    def register_result_handler(self, request_id: str, callback: Callable[[GenerationOutput], None]) -> None:
+        """Call from the asyncio loop thread, before `add_request`: `callback` then runs
+        on that loop (via call_soon_threadsafe) for each result of the request."""
+        self.router.register(request_id, callback)
+
+    def get_result(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
+        """Any thread. Next result from the shared queue (see OutputRouter.get)."""
+        if timeout is None and not self.is_running():
+            return self.router.get(request_id, None, block=False)
+        return self.router.get(request_id, timeout)
+
+    def __iter__(self) -> Iterator[GenerationOutput]:
+        while self.is_running() or self.router.has_pending():
+            result = self.get_result(timeout=0.1)
+            if result is not None:
+                yield result
+
+    def request_id_iter(self, request_id: str) -> Iterator[GenerationOutput]:
+        """Blocking iteration over one request's results, ending with its last."""
+        while self.is_running() or self.router.has_pending():
+            result = self.get_result(request_id=request_id, timeout=0.1)
+            if result is None:
+                time.sleep(0.001)  # the head belonged to another request
+                continue
+            yield result
+            if result.is_finished():
+                return
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._destroyed:
+            raise RuntimeError("this manager was destroyed and cannot be restarted")
+        if self.is_running():
+            return
+        self.loop.reset_stop_flags()
+        self._thread = threading.Thread(target=self.loop.run, name="kvserve-engine", daemon=True)
+        self._accepting = True
+        self._thread.start()
+
+    def stop(self, block: bool = True, timeout: float | None = None,
+             keep_for_next_session: bool = False, hard_stop: bool = False) -> None:
+        """Refuse new requests; by default let queued and running ones finish, then end
+        the thread. `hard_stop` fails them (RuntimeError) and ends it at once."""
+        self._accepting = False
+        self.loop.request_stop(hard=hard_stop)
+        if block:
+            self.join(time.perf_counter(), timeout)
+        if keep_for_next_session:
+            self.model._cached_manager = self
+
+    def join(self, stop_trigger_time: float | None = None, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if stop_trigger_time is not None and not self._thread.is_alive():
+                logger.debug("engine thread joined %.3fs after stop", time.perf_counter() - stop_trigger_time)
+
+    def destroy(self) -> None:
+        """Stop if running and free the cache. Idempotent; no restart afterwards."""
+        if self._destroyed:
+            return
+        if self.is_running():
+            self.stop(block=True)
+        self.loop.release()
+        self._destroyed = True
+        if getattr(self.model, "_cached_manager", None) is self:
+            self.model._cached_manager = None
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Pause the loop between steps so the caller can use or update the model in
+        place; in-flight requests and the cache are kept. Re-entrant across threads:
+        the loop resumes when the last holder exits."""
+        self.loop.acquire_pause(wait=self.is_running)
+        try:
+            yield self
+        finally:
+            self.loop.release_pause()
+
+    def warmup(self) -> None:
+        """Run a dummy batch through the model (there are no graphs to capture on CPU)."""
+        self.loop.warmup()
+
+    def switch_to_cb_friendly_attn(self, model=None, auto_switch_to_flash: bool = True) -> str:
+        from .attention.backend import switch_to_cb_friendly_attn
+        return switch_to_cb_friendly_attn((model or self.model).module, auto_switch_to_flash)
+
+    # -- introspection -------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return self.loop.stats()
+
+    def check_invariants(self) -> None:
+        """Assert the block bookkeeping matches the live requests (tests)."""
+        self.loop.check_invariants()

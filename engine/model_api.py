@@ -1,0 +1,147 @@
+"""EngineModel: a loaded model with the continuous-batching entry points of SPEC
+section 2 (`generate_batch`, `init_continuous_batching`,
+`continuous_batching_context_manager`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ContinuousBatchingConfig
+from .generation_config import GenerationConfig
+from .outputs import GenerationOutput
+
+
+class EngineModel:
+    def __init__(self, module: torch.nn.Module, config: Any, tokenizer: Any = None,
+                 generation_config: GenerationConfig | None = None) -> None:
+        self.module = module
+        self.config = config
+        self.tokenizer = tokenizer
+        parameter = next(module.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        eos = getattr(config, "eos_token_id", None)
+        if eos is None and tokenizer:
+            eos = tokenizer.eos_token_id
+        self.generation_config = generation_config or GenerationConfig(eos_token_id=eos)
+        self._cached_manager = None
+
+    def _resolve_generation_config(self, generation_config) -> GenerationConfig:
+        if generation_config is None:
+            return self.generation_config
+        config = GenerationConfig.from_any(generation_config)
+        if config.eos_token_id is None and self.generation_config.eos_token_id is not None:
+            config = config.replace(eos_token_id=self.generation_config.eos_token_id)
+        return config
+
+    def init_continuous_batching(self, generation_config=None, continuous_batching_config=None,
+                                 workload_hints: dict | None = None, **_: Any):
+        """A manager for this model; the caller starts and stops it. A manager kept
+        with `stop(keep_for_next_session=True)` is reused when no new config is given."""
+        from .manager import ContinuousBatchingManager
+
+        cached = self._cached_manager
+        if cached is not None and generation_config is None and continuous_batching_config is None:
+            return cached
+        if cached is not None:
+            cached.destroy()
+        return ContinuousBatchingManager(
+            self, self._resolve_generation_config(generation_config),
+            ContinuousBatchingConfig.from_any(continuous_batching_config), workload_hints)
+
+    @contextlib.contextmanager
+    def continuous_batching_context_manager(self, generation_config=None,
+                                            continuous_batching_config=None,
+                                            persistent_manager: bool = False, **kwargs: Any):
+        """Start a manager on enter; on exit stop it, and destroy it unless
+        `persistent_manager` (then it is kept on the model for the next session)."""
+        manager = self.init_continuous_batching(generation_config, continuous_batching_config, **kwargs)
+        manager.start()
+        try:
+            yield manager
+        finally:
+            manager.stop(block=True, keep_for_next_session=persistent_manager)
+            if not persistent_manager:
+                manager.destroy()
+
+    def generate_batch(self, inputs: list[list[int]], generation_config=None,
+                       continuous_batching_config=None, record_timestamps: bool = False,
+                       progress_bar: bool = False, persistent_manager: bool = False,
+                       warmup: bool = True, **kwargs: Any) -> dict[str, GenerationOutput]:
+        """Generate for every prompt; blocks until all are done. Returns outputs keyed
+        by request id, in the order of `inputs`."""
+        from tqdm.auto import tqdm
+
+        hints = {"num_requests": len(inputs)}
+        manager = self.init_continuous_batching(generation_config, continuous_batching_config,
+                                                workload_hints=hints)
+        manager.start()
+        results: dict[str, GenerationOutput] = {}
+        try:
+            if warmup:
+                manager.warmup()
+            max_new_tokens = kwargs.pop("max_new_tokens", None)
+            ids = manager.add_requests(inputs, max_new_tokens=max_new_tokens,
+                                       record_timestamps=record_timestamps, **kwargs)
+            with tqdm(total=len(ids), disable=not progress_bar, desc="Generating") as bar:
+                while len(results) < len(ids):
+                    result = manager.get_result(timeout=0.5)
+                    if result is not None and result.is_finished():
+                        results[result.request_id] = result
+                        bar.update(1)
+                    elif result is None and not manager.is_running():
+                        raise RuntimeError("the engine thread stopped before all requests finished")
+        finally:
+            manager.stop(block=True, keep_for_next_session=persistent_manager)
+            if not persistent_manager:
+                manager.destroy()
+        return {rid: results[rid] for rid in ids}
+
+    @torch.inference_mode()
+    def prompt_logits(self, input_ids: list[int], page_size: int = 16) -> torch.Tensor:
+        """fp32 logits [len(input_ids), vocab] of one prompt through the paged path."""
+        from .generation_config import SamplingParams
+        from .kv_cache.allocator import BlockAllocator
+        from .kv_cache.sizing import CacheSizing
+        from .requests import RequestState
+        from .runner import ModelRunner
+        from .scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+
+        num_blocks = blocks_needed(len(input_ids), page_size)
+        sizing = CacheSizing(num_blocks, page_size, len(input_ids), 1, 0)
+        runner = ModelRunner(self.module, sizing, seed=0)
+        request = RequestState("logits", list(input_ids), 1, (), SamplingParams())
+        request.block_ids = BlockAllocator(num_blocks).allocate(num_blocks)
+        batch = ScheduledBatch([ScheduledRequest(request, 0, len(input_ids))], [])
+        return runner.prompt_logits(batch)
+
+
+def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
+               cache_dir: str | Path | None = None, progress: bool = True,
+               tokenizer: Any = None) -> EngineModel:
+    """Load a model for the engine; see engine.loading for the accepted specs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .loading import parse_dtype, read_state_dict, resolve_model_dir
+    from .models import build_model
+
+    torch_dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    started = time.perf_counter()
+    if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
+        config, state = spec.config, spec.state_dict()
+    else:
+        model_dir = resolve_model_dir(str(spec), Path(cache_dir) if cache_dir else None)
+        config = AutoConfig.from_pretrained(str(model_dir))
+        state = read_state_dict(model_dir, progress)
+        if tokenizer is None and any((model_dir / name).is_file() for name in (
+                "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    module = build_model(config, state, torch_dtype, device)
+    model = EngineModel(module, config, tokenizer or None)
+    model.load_seconds = time.perf_counter() - started
+    return model

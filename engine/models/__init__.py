@@ -1,0 +1,32 @@
+"""Our own decoder implementations, one file per family, and the registry that picks
+one from a transformers config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .llama import LlamaFamilyForCausalLM
+
+MODEL_REGISTRY = {
+    "llama": LlamaFamilyForCausalLM,
+    "mistral": LlamaFamilyForCausalLM,
+    "qwen2": LlamaFamilyForCausalLM,
+    "qwen3": LlamaFamilyForCausalLM,
+}
+
+
+def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device) -> torch.nn.Module:
+    """Instantiate our model class for `config.model_type` and load the weights."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_REGISTRY:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                         f"{sorted(MODEL_REGISTRY)}")
+    with torch.device("meta"):  # no random init: every weight comes from the checkpoint
+        model = MODEL_REGISTRY[model_type](config)
+    model = model.to_empty(device=device).to(dtype=dtype)
+    model.load_hf_state_dict(state_dict)
+    model.rotary.reset(device)  # buffers are not in the checkpoint; rebuild in fp32
+    return model.eval()

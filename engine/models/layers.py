@@ -1,0 +1,135 @@
+"""Building blocks shared by our decoder models: RMSNorm, rotary embeddings, the
+gated MLP. Written to match transformers' numerics in fp32 (same op order)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32. `offset=1.0` gives Gemma's (1 + weight)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x * (self.offset + self.weight.float())).to(input_dtype)
+        return self.weight * x.to(input_dtype)
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused in one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {act!r}")
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def rope_parameters(config: Any) -> dict:
+    """The rope settings of a transformers config, whichever version wrote it:
+    newer configs keep them in `rope_parameters`, older ones in `rope_theta` plus
+    `rope_scaling`."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        params = dict(params)
+    else:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_inv_freq(head_dim: int, params: dict, config: Any) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] and the attention scaling factor."""
+    base = float(params["rope_theta"])
+    partial = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+    dim = int(head_dim * partial)
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return inv_freq, 1.0
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"]), 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, params), 1.0
+    raise ValueError(f"unsupported rope_type {rope_type!r}")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by `factor`, short ones kept, a
+    smooth blend in between."""
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for the positions of one step, computed once and shared by all layers."""
+
+    def __init__(self, head_dim: int, params: dict, config: Any) -> None:
+        super().__init__()
+        self._args = (head_dim, params, config)
+        inv_freq, self.attention_scaling = rope_inv_freq(head_dim, params, config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def reset(self, device: torch.device) -> None:
+        """Recompute the fp32 frequencies (after meta-device construction or a cast)."""
+        inv_freq, self.attention_scaling = rope_inv_freq(*self._args)
+        self.inv_freq = inv_freq.to(device)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, rot_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                             # [T, rot_dim]
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, rot_dim] (rotate-half convention)."""
+    rot_dim = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if rot_dim == x.shape[-1]:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)

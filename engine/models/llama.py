@@ -1,0 +1,165 @@
+"""Decoder for the Llama family: Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias) and
+Qwen3 (q/k RMSNorm), with fused QKV and gate/up projections, GQA, RoPE (incl. llama3
+scaling) and tied embeddings.
+
+Inputs are one flat varlen step: `input_ids` and `positions` are [T]; the attention
+backend reads and writes the paged cache using `meta` (see attention/metadata.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention.backend import get_backend
+from ..attention.metadata import AttentionMetadata
+from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
+
+
+class FamilyTraits:
+    """What distinguishes the families this file serves."""
+
+    def __init__(self, config: Any) -> None:
+        model_type = config.model_type
+        self.qkv_bias = model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        self.o_bias = model_type != "qwen2" and bool(getattr(config, "attention_bias", False))
+        self.mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.qk_norm = model_type == "qwen3"
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Any, traits: FamilyTraits, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=traits.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=traits.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)        # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)     # [T, KVH, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = backend.forward(q, k, v, kv_cache.key_caches[self.layer_idx],
+                              kv_cache.value_caches[self.layer_idx], meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Any, traits: FamilyTraits, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, traits, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
+                            config.hidden_act, traits.mlp_bias)
+
+    def forward(self, hidden, cos, sin, kv_cache, meta, backend):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin,
+                                         kv_cache, meta, backend)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaFamilyForCausalLM(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        traits = FamilyTraits(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, traits, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        head_dim = self.layers[0].self_attn.head_dim
+        self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config)
+        self.attn_backend = get_backend("torch")
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.layers[0].self_attn.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layers[0].self_attn.head_dim
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> fp32 logits [N, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    # -- weights ---------------------------------------------------------------------
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
+        own = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in map_hf_names(state_dict, len(self.layers)):
+            if name not in own:
+                continue  # e.g. lm_head.weight of a tied model
+            param = own[name]
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight {name}: expected shape {tuple(param.shape)}, "
+                                 f"got {tuple(tensor.shape)}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(own) - loaded)
+        if missing:
+            raise ValueError(f"weights missing from the checkpoint: {missing[:8]}")
+
+
+_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
+    """Yield (our_name, tensor): strip the `model.` prefix, concatenate the parts of
+    each fused projection along the output dimension (q, k, v / gate, up)."""
+    def get(name: str) -> torch.Tensor | None:
+        return state_dict.get(f"model.{name}", state_dict.get(name))
+
+    for suffix in ("embed_tokens.weight", "norm.weight"):
+        yield suffix, get(suffix)
+    if "lm_head.weight" in state_dict:
+        yield "lm_head.weight", state_dict["lm_head.weight"]
+    for i in range(num_layers):
+        prefix = f"layers.{i}."
+        for fused, parts in _FUSED.items():
+            for kind in ("weight", "bias"):
+                tensors = [get(f"{prefix}{part}.{kind}") for part in parts]
+                if all(t is not None for t in tensors):
+                    yield f"{prefix}{fused}.{kind}", torch.cat(tensors, dim=0)
+        for part in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight",
+                     "mlp.down_proj.bias", "input_layernorm.weight",
+                     "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                     "self_attn.k_norm.weight"):
+            tensor = get(prefix + part)
+            if tensor is not None:
+                yield prefix + part, tensor

@@ -1,0 +1,92 @@
+"""RequestState: the engine thread's mutable record of one request.
+
+Only the engine thread touches these objects; callers see immutable
+`GenerationOutput` snapshots made by `to_output`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .generation_config import SamplingParams
+from .outputs import GenerationOutput, RequestStatus
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    streaming: bool = False
+    record_timestamps: bool = False
+    want_logprobs: bool = False
+    generated_tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    """Tokens of `prompt_ids + generated_tokens` whose K/V are in the cache. Each step
+    the scheduler lets it catch up with `num_tokens`: the gap is a prompt (or a chunk
+    of it) on the first steps, then the one token sampled last step."""
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.PENDING
+    finish_reason: str | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+    created_time: float = field(default_factory=time.perf_counter)
+    sampler_state: Any = None
+    """Owned by the sampler (the request's random generator)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.generated_tokens)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    def token_at(self, position: int) -> int:
+        num_prompt = len(self.prompt_ids)
+        if position < num_prompt:
+            return self.prompt_ids[position]
+        return self.generated_tokens[position - num_prompt]
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        num_prompt = len(self.prompt_ids)
+        if end <= num_prompt:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.generated_tokens)[start:end]
+
+    def append_token(self, token_id: int) -> None:
+        """Record one sampled token and decide whether the request is done. As in
+        transformers, an EOS token stays as the last generated token."""
+        self.generated_tokens.append(token_id)
+        if self.record_timestamps:
+            self.timestamps.append(time.perf_counter())
+        if token_id in self.eos_token_ids:
+            self.status, self.finish_reason = RequestStatus.FINISHED, "stop"
+        elif len(self.generated_tokens) >= self.max_new_tokens:
+            self.status, self.finish_reason = RequestStatus.FINISHED, "length"
+        else:
+            self.status = RequestStatus.DECODING
+
+    def fail(self, message: str) -> None:
+        self.status, self.error = RequestStatus.FAILED, message
+
+    def to_output(self) -> GenerationOutput:
+        return GenerationOutput(
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            generated_tokens=list(self.generated_tokens),
+            status=self.status,
+            logprobs=list(self.logprobs) if self.want_logprobs else None,
+            top_logprobs=[list(t) for t in self.top_logprobs] if self.sampling.top_logprobs else None,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            created_time=self.created_time,
+            timestamps=list(self.timestamps) if self.record_timestamps else None,
+        )

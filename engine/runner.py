@@ -1,0 +1,46 @@
+"""ModelRunner: owns the KV cache tensors and runs one scheduled batch through the
+model and the sampler. Called only from the engine thread (or under the manager's
+step lock)."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import build_step_inputs
+from .kv_cache.paged_cache import PagedKVCache
+from .kv_cache.sizing import CacheSizing
+from .requests import RequestState
+from .sampling import SampleResult, Sampler
+from .scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None) -> None:
+        parameter = next(model.parameters())
+        self.model = model
+        self.device = parameter.device
+        self.dtype = parameter.dtype
+        self.page_size = sizing.page_size
+        self.cache = PagedKVCache(
+            num_layers=len(model.layers), num_blocks=sizing.num_blocks,
+            page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim, dtype=self.dtype, device=self.device)
+        self.sampler = Sampler(self.device, seed)
+
+    @torch.inference_mode()
+    def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:
+        """Run `batch`; returns the requests that sampled a token and their results."""
+        inputs = build_step_inputs(batch, self.page_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+        requests = [batch.entries[i].request for i in inputs.sampling_entries]
+        if not requests:
+            return [], None
+        logits = self.model.compute_logits(hidden[inputs.logits_rows])   # [S, vocab] fp32
+        return requests, self.sampler.sample(logits, requests)
+
+    @torch.inference_mode()
+    def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
+        inputs = build_step_inputs(batch, self.page_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+        return self.model.compute_logits(hidden)

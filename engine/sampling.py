@@ -1,0 +1,133 @@
+"""Sampler: next tokens for every sampling row of a step in one vectorised pass.
+
+Rows are requests; each carries its own SamplingParams. Processors run in
+transformers' order (penalties and logit bias, temperature, top-k, top-p, min-p) on
+the whole [S, vocab] matrix with per-row parameter vectors. Greedy rows take argmax.
+
+Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. draws a token
+with probability p. Each seeded request draws E from its own torch.Generator, so its
+tokens depend only on its seed and its own logits, never on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .requests import RequestState
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None                       # of the chosen tokens (raw model)
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int | None) -> None:
+        self.device = device
+        self.shared_generator = torch.Generator(device=device)
+        if seed is not None:
+            self.shared_generator.manual_seed(seed)
+        else:
+            self.shared_generator.seed()
+
+    def init_request(self, request: RequestState) -> None:
+        """Give a seeded request its own random stream (engine thread)."""
+        if request.sampling.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(request.sampling.seed)
+            request.sampler_state = generator
+
+    def sample(self, logits: torch.Tensor, requests: list[RequestState]) -> SampleResult:
+        """logits: [S, vocab] fp32, one row per request in `requests`."""
+        params = [r.sampling for r in requests]
+        want_logprobs = [r.want_logprobs or r.sampling.top_logprobs > 0 for r in requests]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        logits = self._apply_penalties_and_bias(logits, requests)
+
+        token_ids = logits.argmax(dim=-1)
+        sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=logits.device)
+            probs = self._processed_probs(logits[rows], [params[i] for i in sample_rows])
+            token_ids[rows] = self._race(probs, [requests[i] for i in sample_rows])
+        token_list = token_ids.tolist()
+        if raw_logprobs is None:
+            return SampleResult(token_list, None, [None] * len(requests))
+        chosen = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
+        return SampleResult(token_list, chosen, self._top_logprobs(raw_logprobs, params))
+
+    @staticmethod
+    def _apply_penalties_and_bias(logits: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
+        rows = [i for i, r in enumerate(requests)
+                if r.sampling.needs_token_counts or r.sampling.logit_bias]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for i in rows:
+            params, request = requests[i].sampling, requests[i]
+            row = logits[i]
+            if params.repetition_penalty != 1.0:
+                # transformers' rule, over prompt and output: divide positive logits,
+                # multiply negative ones.
+                seen = torch.tensor(sorted(set(request.prompt_ids + request.generated_tokens)),
+                                    device=logits.device)
+                scores = row[seen]
+                row[seen] = torch.where(scores > 0, scores / params.repetition_penalty,
+                                        scores * params.repetition_penalty)
+            if params.presence_penalty or params.frequency_penalty:
+                # OpenAI's rule, over the generated tokens only.
+                counts = torch.bincount(
+                    torch.tensor(request.generated_tokens, dtype=torch.long, device=logits.device),
+                    minlength=row.shape[0]).to(row.dtype)
+                row -= counts * params.frequency_penalty + (counts > 0).to(row.dtype) * params.presence_penalty
+            for token_id, bias in params.logit_bias.items():
+                row[token_id] += bias
+        return logits
+
+    @staticmethod
+    def _processed_probs(logits: torch.Tensor, params) -> torch.Tensor:
+        """[N, vocab] logits of sampling rows -> probabilities after temperature,
+        top-k, top-p and min-p."""
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        logits = logits / temperature[:, None]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[-1] for p in params],
+                             device=device).clamp(max=logits.shape[-1])
+        if bool((top_k < logits.shape[-1]).any()):
+            kth = logits.topk(int(top_k.max()), dim=-1).values.gather(1, (top_k - 1)[:, None])
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        if bool((top_p < 1.0).any()):
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            # drop a token when the ones before it already cover top_p (keeps >= 1)
+            drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        if bool((min_p > 0).any()):
+            threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        return probs
+
+    def _race(self, probs: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
+        noise = torch.empty_like(probs)
+        for i, request in enumerate(requests):
+            generator = request.sampler_state or self.shared_generator
+            noise[i].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _top_logprobs(raw_logprobs: torch.Tensor, params) -> list:
+        most = max(p.top_logprobs for p in params)
+        if most == 0:
+            return [None] * len(params)
+        values, indices = raw_logprobs.topk(most, dim=-1)
+        values, indices = values.tolist(), indices.tolist()
+        return [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
+                if p.top_logprobs else None for i, p in enumerate(params)]
