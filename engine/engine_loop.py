@@ -50,6 +50,8 @@ class EngineLoop:
         self.runner = ModelRunner(module, self.sizing, config.seed)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
+        self._count_lock = threading.Lock()
+        self._num_submitted_unseen = 0
         self.step_lock = threading.Lock()
         self._pause = threading.Condition()
         self._pause_count = 0
@@ -62,13 +64,16 @@ class EngineLoop:
 
     # -- any thread ----------------------------------------------------------------------
     def submit(self, request: RequestState) -> None:
+        with self._count_lock:
+            self._num_submitted_unseen += 1
         self.inbox.put(("add", request))
 
     def cancel(self, request_id: str) -> None:
         self.inbox.put(("cancel", request_id))
 
     def num_pending(self) -> int:
-        return self.inbox.qsize() + len(self.scheduler.waiting)
+        """Requests added but not yet running (in the inbox or the waiting queue)."""
+        return self._num_submitted_unseen + len(self.scheduler.waiting)
 
     def reset_stop_flags(self) -> None:
         self._stop_requested = self._hard_stop = False
@@ -118,7 +123,7 @@ class EngineLoop:
                                  sampling=_greedy_params())
             dummy.block_ids = self.allocator.allocate(1)
             try:
-                self.runner.step(ScheduledBatch([ScheduledRequest(dummy, 0, num_tokens)], []))
+                self.runner.step(ScheduledBatch([ScheduledRequest(dummy, 0, num_tokens, True)], []))
             finally:
                 self.allocator.free(dummy.block_ids)
 
@@ -169,12 +174,16 @@ class EngineLoop:
         if item is _WAKE:
             return
         kind, payload = item
+        if kind == "add":
+            with self._count_lock:
+                self._num_submitted_unseen -= 1
         with self.step_lock:
             if kind == "add":
                 self.runner.sampler.init_request(payload)
                 self.scheduler.add(payload)
             elif kind == "cancel":
                 self.scheduler.remove(payload)
+                self.router.forget(payload)
 
     def _step(self) -> None:
         with self.step_lock:
@@ -215,6 +224,8 @@ class EngineLoop:
                 except queue.Empty:
                     break
                 if item is not _WAKE and item[0] == "add":
+                    with self._count_lock:
+                        self._num_submitted_unseen -= 1
                     pending.append(item[1])
         for request in pending:
             request.fail(message)

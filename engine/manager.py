@@ -117,7 +117,7 @@ class ContinuousBatchingManager:
     def cancel_request(self, request_id: str) -> None:
         """Any thread. The request is dropped and its blocks freed at the next step;
         no further output is delivered for it."""
-        self.router.unregister(request_id)
+        self.router.cancel(request_id)
         self.loop.cancel(request_id)
 
     # -- results -----------------------------------------------------------------------

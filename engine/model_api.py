@@ -116,7 +116,7 @@ class EngineModel:
         runner = ModelRunner(self.module, sizing, seed=0)
         request = RequestState("logits", list(input_ids), 1, (), SamplingParams())
         request.block_ids = BlockAllocator(num_blocks).allocate(num_blocks)
-        batch = ScheduledBatch([ScheduledRequest(request, 0, len(input_ids))], [])
+        batch = ScheduledBatch([ScheduledRequest(request, 0, len(input_ids), True)], [])
         return runner.prompt_logits(batch)
 
 

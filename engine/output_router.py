@@ -24,6 +24,7 @@ class OutputRouter:
         self.output_queue: queue.Queue[GenerationOutput] = queue.Queue()
         self._handlers: dict[str, tuple[Callable, asyncio.AbstractEventLoop | None]] = {}
         self._lock = threading.Lock()
+        self._cancelled: set[str] = set()
 
     def register(self, request_id: str, callback: Callable[[GenerationOutput], None]) -> None:
         """Any thread. Call before `add_request` so no output can slip past."""
@@ -34,13 +35,23 @@ class OutputRouter:
         with self._lock:
             self._handlers[request_id] = (callback, loop)
 
-    def unregister(self, request_id: str) -> None:
+    def cancel(self, request_id: str) -> None:
+        """Any thread. Drop the handler and any output still produced for the request
+        until the engine thread has removed it (`forget`)."""
         with self._lock:
             self._handlers.pop(request_id, None)
+            self._cancelled.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Engine thread, once a cancelled request is gone."""
+        with self._lock:
+            self._cancelled.discard(request_id)
 
     def deliver(self, output: GenerationOutput) -> None:
         """Engine thread. Finished requests drop their handler after delivery."""
         with self._lock:
+            if output.request_id in self._cancelled:
+                return
             if output.is_finished():
                 handler = self._handlers.pop(output.request_id, None)
             else:

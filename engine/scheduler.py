@@ -39,15 +39,12 @@ class ScheduledRequest:
     """First position fed this step (== request.num_computed_tokens before the step)."""
     num_tokens: int
     """How many tokens this request feeds the model this step."""
+    samples: bool
+    """True when this chunk reaches the request's last token, so a token is sampled."""
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the request's last token, so a token is sampled."""
-        return self.end == self.request.num_tokens
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,9 @@ class _StepBuilder:
         return self.budget <= 0 or len(self.entries) >= self.scheduler.max_requests_per_batch
 
     def _add(self, request: RequestState, num_tokens: int) -> None:
-        self.entries.append(ScheduledRequest(request, request.num_computed_tokens, num_tokens))
+        start = request.num_computed_tokens
+        self.entries.append(ScheduledRequest(request, start, num_tokens,
+                                             samples=start + num_tokens == request.num_tokens))
         self.budget -= num_tokens
         self.scheduled_ids.add(request.request_id)
 

@@ -1,0 +1,51 @@
+"""Model specs: local directories, transformers models, hub ids (offline), errors."""
+
+import pytest
+import torch
+
+from engine import load_model
+from engine.loading import ModelLoadError, resolve_model_dir
+
+
+def test_local_directory_and_transformers_model_load_the_same_weights(tiny_models):
+    path, reference = tiny_models["qwen3"]
+    from_dir = load_model(path, progress=False)
+    from_module = load_model(reference)
+    ids = [5, 9, 13, 17, 21]
+    torch.testing.assert_close(from_dir.prompt_logits(ids), from_module.prompt_logits(ids))
+    assert from_dir.generation_config.eos_token_id == 2
+
+
+def test_bfloat16_load_keeps_rope_in_fp32(tiny_models):
+    path, _ = tiny_models["llama"]
+    model = load_model(path, dtype="bfloat16", progress=False)
+    assert model.dtype == torch.bfloat16
+    assert model.module.rotary.inv_freq.dtype == torch.float32
+    assert torch.isfinite(model.prompt_logits([4, 5, 6])).all()
+
+
+def test_hub_id_offline_gives_a_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError, match="could not download 'nobody/nothing'"):
+        load_model("nobody/nothing")
+
+
+@pytest.mark.parametrize("spec", ["/does/not/exist.gguf", "./missing-dir", "a/b/c"])
+def test_unknown_specs_are_rejected(spec):
+    with pytest.raises(ModelLoadError):
+        resolve_model_dir(spec)
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        resolve_model_dir(str(tmp_path))
+
+
+def test_unsupported_architecture_is_rejected(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+        load_model(tmp_path, progress=False)

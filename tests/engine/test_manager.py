@@ -1,0 +1,226 @@
+"""Manager semantics (SPEC section 3) on a tiny real model."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from engine import ContinuousBatchingConfig, GenerationConfig, RequestStatus
+from engine.errors import InvalidRequestError, QueueFullError, RequestTooLongError
+
+from tests.helpers import random_prompts, reference_greedy
+
+
+def make_manager(model, max_new_tokens=8, **config):
+    config.setdefault("page_size", 4)
+    config.setdefault("num_blocks", 64)
+    return model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[]),
+        ContinuousBatchingConfig(**config))
+
+
+def collect(manager, ids, timeout=60):
+    results, deadline = {}, time.monotonic() + timeout
+    while len(results) < len(ids) and time.monotonic() < deadline:
+        result = manager.get_result(timeout=0.2)
+        if result is not None and result.is_finished():
+            results[result.request_id] = result
+    return results
+
+
+def wait_until(predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_stop_lets_queued_requests_finish(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model)
+    manager.start()
+    ids = manager.add_requests(random_prompts(6, 2, 20, seed=1))
+    manager.stop(block=True)
+    assert not manager.is_running()
+    results = collect(manager, ids, timeout=1)
+    assert sorted(results) == sorted(ids)
+    assert all(r.status is RequestStatus.FINISHED and len(r.generated_tokens) == 8
+               for r in results.values())
+    assert manager.add_request([5, 6]) is None          # refused after stop
+    manager.check_invariants()
+    manager.start()                                      # a stopped manager restarts
+    rid = manager.add_request([5, 6, 7])
+    assert collect(manager, [rid])[rid].status is RequestStatus.FINISHED
+    manager.destroy()
+    manager.destroy()                                    # idempotent
+    with pytest.raises(RuntimeError):
+        manager.start()
+
+
+def test_hard_stop_fails_pending_requests_with_runtime_error(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, max_new_tokens=200, num_blocks=256)
+    manager.start()
+    ids = manager.add_requests(random_prompts(8, 10, 30, seed=2))
+    manager.stop(block=True, hard_stop=True)
+    results = collect(manager, ids, timeout=2)
+    assert sorted(results) == sorted(ids)
+    assert all(r.status is RequestStatus.FAILED and "RuntimeError" in r.error
+               for r in results.values())
+    stats = manager.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    manager.check_invariants()
+    manager.destroy()
+
+
+def test_cancel_frees_the_request_blocks(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, max_new_tokens=300, num_blocks=128)
+    manager.start()
+    rid = manager.add_request(list(range(3, 40)), streaming=True)
+    assert manager.get_result(rid, timeout=10) is not None      # it is running
+    assert manager.stats()["num_free_blocks"] < 128
+    manager.cancel_request(rid)
+    assert wait_until(lambda: manager.stats()["num_free_blocks"] == 128)
+    assert manager.stats()["num_running"] == 0
+    manager.check_invariants()
+    manager.stop()
+    manager.destroy()
+
+
+def test_pause_keeps_in_flight_requests_and_resumes(tiny_llama):
+    model, reference = tiny_llama
+    manager = make_manager(model, max_new_tokens=40)
+    manager.start()
+    prompt = list(range(10, 30))
+    rid = manager.add_request(prompt, streaming=True)
+    assert manager.get_result(rid, timeout=10) is not None
+    with manager.pause():
+        with manager.pause():                       # nested holders
+            steps = manager.stats()["num_steps"]
+            time.sleep(0.2)
+            assert manager.stats()["num_steps"] == steps      # nothing runs while paused
+    tokens = None
+    for output in manager.request_id_iter(rid):
+        tokens = output.generated_tokens
+    assert tokens == reference_greedy(reference, prompt, 40)
+    manager.stop()
+    manager.check_invariants()
+    manager.destroy()
+
+
+def test_result_handlers_run_on_the_event_loop_thread(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, max_new_tokens=5)
+    manager.start()
+
+    async def main():
+        loop_thread = threading.get_ident()
+        queue, seen_threads = asyncio.Queue(), set()
+
+        def on_result(output):
+            seen_threads.add(threading.get_ident())
+            queue.put_nowait(output)
+
+        manager.register_result_handler("streamed", on_result)
+        manager.add_request([4, 5, 6], request_id="streamed", streaming=True)
+        outputs = [await asyncio.wait_for(queue.get(), 30)]
+        while not outputs[-1].is_finished():
+            outputs.append(await asyncio.wait_for(queue.get(), 30))
+        return loop_thread, seen_threads, outputs
+
+    loop_thread, seen_threads, outputs = asyncio.run(main())
+    assert seen_threads == {loop_thread}
+    assert [len(o.generated_tokens) for o in outputs] == [1, 2, 3, 4, 5]
+    assert outputs[-1].status is RequestStatus.FINISHED and outputs[-1].finish_reason == "length"
+    assert manager.get_result(timeout=0.1) is None      # nothing leaked to the shared queue
+    manager.stop()
+    manager.destroy()
+
+
+def test_get_result_with_id_requeues_other_results(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, max_new_tokens=3)
+    manager.start()
+    first = manager.add_request([3, 4], request_id="first")
+    manager.stop()                                    # both done, both queued
+    assert first == "first"
+    manager.start()
+    manager.add_request([5, 6], request_id="second")
+    manager.stop()
+    assert manager.get_result(request_id="second") is None     # head "first" goes to the back
+    assert manager.get_result(request_id="second").request_id == "second"
+    assert manager.get_result(request_id="first").request_id == "first"
+    assert manager.get_result() is None
+    manager.destroy()
+
+
+def test_bad_requests_get_typed_errors_and_do_not_disturb_others(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, num_blocks=8)      # 32 tokens of cache
+    manager.start()
+    good = manager.add_request([3, 4, 5])
+    with pytest.raises(RequestTooLongError):
+        manager.add_request(list(range(3, 30)), max_new_tokens=10)
+    with pytest.raises(InvalidRequestError):
+        manager.add_request([])
+    with pytest.raises(InvalidRequestError):
+        manager.add_request([10**9])
+    with pytest.raises(InvalidRequestError):
+        manager.add_request([3], max_new_tokens=0)
+    with pytest.raises(InvalidRequestError):
+        manager.add_request([3], top_p=2.0)
+    with pytest.raises(InvalidRequestError):
+        manager.add_request([3], not_a_parameter=1)
+    assert collect(manager, [good])[good].status is RequestStatus.FINISHED
+    manager.stop()
+    manager.destroy()
+
+
+def test_queue_limit_raises_queue_full(tiny_llama):
+    model, _ = tiny_llama
+    manager = make_manager(model, max_queue_size=2)
+    with manager.pause():                       # not started: nothing drains the queue
+        manager._accepting = True
+        manager.add_request([3])
+        manager.add_request([4])
+        with pytest.raises(QueueFullError):
+            manager.add_request([5])
+    manager.destroy()
+
+
+def test_context_manager_and_persistent_manager(tiny_llama):
+    model, _ = tiny_llama
+    with model.continuous_batching_context_manager(
+            GenerationConfig(max_new_tokens=4, eos_token_id=[]),
+            ContinuousBatchingConfig(page_size=4, num_blocks=32),
+            persistent_manager=True) as manager:
+        rid = manager.add_request([3, 4, 5])
+        result = next(r for r in manager.request_id_iter(rid) if r.is_finished())
+        assert len(result.generated_tokens) == 4
+    assert not manager.is_running()
+    assert model.init_continuous_batching() is manager     # kept for the next session
+    manager.destroy()
+    assert model._cached_manager is None
+
+
+def test_eos_stops_and_stays_last(tiny_llama):
+    model, reference = tiny_llama
+    prompt = [7, 8, 9, 10]
+    greedy = reference_greedy(reference, prompt, 6)
+    eos = greedy[2]
+    manager = model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=6, eos_token_id=eos),
+        ContinuousBatchingConfig(page_size=4, num_blocks=16))
+    manager.start()
+    rid = manager.add_request(prompt)
+    result = collect(manager, [rid])[rid]
+    assert result.generated_tokens == greedy[:greedy.index(eos) + 1]
+    assert result.finish_reason == "stop"
+    rid = manager.add_request(prompt, eos_token_id=[])      # EOS disabled per request
+    assert collect(manager, [rid])[rid].generated_tokens == greedy
+    manager.stop()
+    manager.destroy()

@@ -1,0 +1,46 @@
+"""Helpers shared by the tests: tiny model configs and the transformers reference."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def tiny_config(family: str):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=211, hidden_size=60, intermediate_size=92, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if family == "llama":
+        return LlamaConfig(**common, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if family == "qwen2":
+        return Qwen2Config(**{**common, "tie_word_embeddings": True})
+    return Qwen3Config(**common, head_dim=12)
+
+
+def model_class(family: str):
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+    return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}[family]
+
+
+def random_prompts(count: int, min_len: int, max_len: int, vocab: int = 211, seed: int = 0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(min_len, max_len))]
+            for _ in range(count)]
+
+
+@torch.inference_mode()
+def reference_greedy(reference, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy generate for one prompt (no EOS stop)."""
+    ids = torch.tensor([prompt])
+    out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
