@@ -42,7 +42,8 @@ class EngineLoop:
             intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
             dtype=model.dtype, device=model.device, logit_processing=logit_processing,
             num_submitted=workload_hints.get("num_requests"))
-        self.allocator = BlockAllocator(self.sizing.num_blocks)
+        self.allocator = BlockAllocator(self.sizing.num_blocks,
+                                        enable_caching=config.allow_block_sharing)
         self.scheduler = Scheduler(
             self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
             self.sizing.max_requests_per_batch, config.resolved_safety_margin,
@@ -105,6 +106,10 @@ class EngineLoop:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
             "num_prefill_tokens": self.num_prefill_tokens,
+            "prefix_cache_queries": self.scheduler.prefix_queried_tokens,
+            "prefix_cache_hits": self.scheduler.prefix_hit_tokens,
+            "num_cached_blocks": self.allocator.num_cached_blocks,
+            "num_evictions": self.allocator.num_evictions,
         }
 
     def check_invariants(self) -> None:

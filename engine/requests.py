@@ -33,6 +33,13 @@ class RequestState:
     the scheduler lets it catch up with `num_tokens`: the gap is a prompt (or a chunk
     of it) on the first steps, then the one token sampled last step."""
     block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    """Content hashes of the full blocks of `prompt_ids + generated_tokens` computed so
+    far (prefix caching); they stay valid across preemption since tokens never change."""
+    num_registered_blocks: int = 0
+    """How many of `block_ids` were offered to the prefix cache."""
+    num_cached_tokens: int = 0
+    """Prompt tokens taken from the prefix cache at the last admission."""
     status: RequestStatus = RequestStatus.PENDING
     finish_reason: str | None = None
     error: str | None = None
@@ -48,6 +55,9 @@ class RequestState:
     @property
     def max_total_tokens(self) -> int:
         return len(self.prompt_ids) + self.max_new_tokens
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt_ids + self.generated_tokens
 
     def token_at(self, position: int) -> int:
         num_prompt = len(self.prompt_ids)

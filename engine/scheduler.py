@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .kv_cache.allocator import BlockAllocator
+from .kv_cache.block_hash import extend_block_hashes
 from .outputs import RequestStatus
 from .requests import RequestState
 
@@ -77,6 +78,10 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.num_preemptions = 0
+        self.prefix_queried_tokens = 0
+        """Prompt tokens looked up in the prefix cache at admission."""
+        self.prefix_hit_tokens = 0
+        """Of those, tokens found cached (not recomputed)."""
 
     # -- queue management ------------------------------------------------------------
     def add(self, request: RequestState) -> None:
@@ -109,8 +114,41 @@ class Scheduler:
         return requests
 
     def _release(self, request: RequestState) -> None:
-        self.allocator.free(request.block_ids)
+        self.allocator.free(reversed(request.block_ids))
         request.block_ids = []
+        request.num_registered_blocks = 0
+
+    def _take_cached_prefix(self, request: RequestState) -> None:
+        """On admission, reuse every cached full block of the request's tokens, but
+        always leave at least one token to compute (its logits give the next token)."""
+        if not self.allocator.enable_caching:
+            return
+        tokens = request.all_tokens()
+        extend_block_hashes(request.block_hashes, tokens, self.page_size)
+        usable = (len(tokens) - 1) // self.page_size
+        cached = self.allocator.lookup(request.block_hashes[:usable])
+        self.prefix_queried_tokens += len(tokens)
+        self.prefix_hit_tokens += len(cached) * self.page_size
+        self.allocator.share(cached)
+        request.block_ids = cached
+        request.num_registered_blocks = len(cached)
+        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
+
+    def _register_full_blocks(self, request: RequestState, end: int) -> None:
+        """Offer the blocks that `end` tokens fill to the prefix cache. Done at
+        scheduling time: within a forward pass every layer writes the step's K/V
+        before attending, so a request admitted later in the same step may already
+        read them."""
+        if not self.allocator.enable_caching:
+            return
+        num_full = end // self.page_size
+        if num_full <= request.num_registered_blocks:
+            return
+        extend_block_hashes(request.block_hashes, request.tokens_between(0, num_full * self.page_size),
+                            self.page_size)
+        for index in range(request.num_registered_blocks, num_full):
+            self.allocator.register(request.block_ids[index], request.block_hashes[index])
+        request.num_registered_blocks = num_full
 
     # -- one step --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -158,6 +196,7 @@ class _StepBuilder:
         start = request.num_computed_tokens
         self.entries.append(ScheduledRequest(request, start, num_tokens,
                                              samples=start + num_tokens == request.num_tokens))
+        self.scheduler._register_full_blocks(request, start + num_tokens)
         self.budget -= num_tokens
         self.scheduled_ids.add(request.request_id)
 
@@ -199,13 +238,15 @@ class _StepBuilder:
         allocator = sched.allocator
         while sched.waiting and not self._full():
             request = sched.waiting[0]
-            num_tokens = min(request.num_tokens - request.num_computed_tokens, self.budget)
-            needed = blocks_needed(num_tokens, sched.page_size)
-            if sched.running:
-                margin_blocks = sched.safety_margin * allocator.num_blocks
-                if allocator.num_free_blocks - needed < margin_blocks:
-                    return
-            if not sched._grow(request, num_tokens):
+            sched._take_cached_prefix(request)
+            start = request.num_computed_tokens
+            num_tokens = min(request.num_tokens - start, self.budget)
+            needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
+            margin_blocks = sched.safety_margin * allocator.num_blocks
+            if (sched.running and allocator.num_free_blocks - needed < margin_blocks) \
+                    or not sched._grow(request, start + num_tokens):
+                sched._release(request)          # give the cached prefix back
+                request.num_computed_tokens = 0
                 return
             sched.waiting.popleft()
             request.status = RequestStatus.PREFILLING

@@ -1,93 +1,141 @@
-"""BlockAllocator: owns which KV blocks are free and who holds the others.
+"""BlockAllocator: owns which KV blocks are free, who holds the others, and which
+blocks hold a known prefix (prefix caching). Pure Python (no torch).
 
-Pure Python (no torch): the scheduler asks it for block ids; the runner only ever sees
-the ids it was handed. A block is one page of `page_size` token slots in every layer.
-
-Reference counts let several requests hold one block (prefix sharing); a block returns
-to the free list when its count drops to zero. Free blocks are handed out in FIFO
-order of release, which keeps allocation deterministic for tests.
+A block is one page of `page_size` token slots in every layer. Reference counts let
+several requests hold one block. A block nobody holds is either
+- free: never hashed or already evicted (a FIFO `_free` list), or
+- cached: it still holds the K/V of a full block with a known content hash, kept in
+  `_evictable` (least recently released first) so a later request with the same prefix
+  can take it back without recomputing it.
+`allocate` hands out free blocks first and only then evicts cached ones, oldest first.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Iterable
 
 
 class OutOfBlocksError(RuntimeError):
-    """Raised by `allocate` when fewer blocks are free than asked for."""
+    """Raised by `allocate` when fewer blocks are available than asked for."""
 
 
 class BlockAllocator:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
         self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         self._ref_counts = [0] * num_blocks
+        self._hash_of_block: dict[int, bytes] = {}
+        self._block_of_hash: dict[bytes, int] = {}
+        self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks available to `allocate` (free or cached-but-unheld)."""
+        return len(self._free) + len(self._evictable)
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+    def num_cached_blocks(self) -> int:
+        return len(self._block_of_hash)
 
     def usage(self) -> float:
-        """Share of blocks in use, in [0, 1]."""
-        return self.num_used_blocks / self.num_blocks
+        """Share of blocks held by requests, in [0, 1]."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def can_allocate(self, count: int) -> bool:
-        return count <= len(self._free)
+        return count <= self.num_free_blocks
 
     def allocate(self, count: int) -> list[int]:
-        """Take `count` free blocks (refcount 1 each). All or nothing."""
-        if count > len(self._free):
-            raise OutOfBlocksError(f"asked for {count} blocks, {len(self._free)} free")
-        block_ids = [self._free.popleft() for _ in range(count)]
-        for block_id in block_ids:
+        """Take `count` blocks (refcount 1 each), evicting cached ones only when the free
+        list runs dry. All or nothing."""
+        if count > self.num_free_blocks:
+            raise OutOfBlocksError(f"asked for {count} blocks, {self.num_free_blocks} available")
+        block_ids = []
+        for _ in range(count):
+            if self._free:
+                block_id = self._free.popleft()
+            else:
+                block_id, _ = self._evictable.popitem(last=False)
+                del self._block_of_hash[self._hash_of_block.pop(block_id)]
+                self.num_evictions += 1
             self._ref_counts[block_id] = 1
+            block_ids.append(block_id)
         return block_ids
 
     def share(self, block_ids: Iterable[int]) -> None:
-        """Add one holder to blocks already in use."""
+        """Add one holder to each block; a cached unheld block is taken back."""
         for block_id in block_ids:
-            if self._ref_counts[block_id] < 1:
-                raise ValueError(f"block {block_id} is free and cannot be shared")
+            if self._ref_counts[block_id] == 0:
+                if block_id not in self._evictable:
+                    raise ValueError(f"block {block_id} is free and cannot be shared")
+                del self._evictable[block_id]
             self._ref_counts[block_id] += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
-        """Drop one holder from each block; blocks nobody holds become free."""
+        """Drop one holder from each block. Pass a request's blocks tail first: the
+        end of a prefix is then evicted before its start."""
         for block_id in block_ids:
             count = self._ref_counts[block_id]
             if count < 1:
                 raise ValueError(f"block {block_id} freed twice")
             self._ref_counts[block_id] = count - 1
             if count == 1:
-                self._free.append(block_id)
+                if block_id in self._hash_of_block:
+                    self._evictable[block_id] = None
+                else:
+                    self._free.append(block_id)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
+
+    # -- prefix caching --------------------------------------------------------------
+    def lookup(self, block_hashes: Iterable[bytes]) -> list[int]:
+        """Block ids of the longest cached prefix of `block_hashes` (not taken)."""
+        found = []
+        if self.enable_caching:
+            for block_hash in block_hashes:
+                block_id = self._block_of_hash.get(block_hash)
+                if block_id is None:
+                    break
+                found.append(block_id)
+        return found
+
+    def register(self, block_id: int, block_hash: bytes) -> None:
+        """Record that held block `block_id` now holds the full block `block_hash`.
+        The first block registered for a hash stays its owner."""
+        if not self.enable_caching or block_hash in self._block_of_hash:
+            return
+        if block_id in self._hash_of_block:
+            return
+        self._hash_of_block[block_id] = block_hash
+        self._block_of_hash[block_hash] = block_id
 
     def check_invariants(self, holders: Iterable[list[int]] = ()) -> None:
         """Assert the bookkeeping is consistent.
 
         `holders` are the block lists of every live request; each block's refcount
-        must equal the number of lists holding it, and free blocks must be exactly
-        those with refcount zero. Tests call this after every scenario: a leak or a
-        double free shows up here.
+        must equal the number of lists holding it; unheld blocks must be exactly the
+        free plus the cached-unheld ones; the hash maps must mirror each other. Tests
+        call this after every scenario: a leak or a double free shows up here.
         """
         expected = [0] * self.num_blocks
         for block_ids in holders:
             for block_id in block_ids:
                 expected[block_id] += 1
         if expected != self._ref_counts:
-            leaked = [b for b in range(self.num_blocks) if expected[b] != self._ref_counts[b]]
-            raise AssertionError(f"refcounts disagree with holders for blocks {leaked[:16]}")
-        free_set = set(self._free)
-        if len(free_set) != len(self._free):
-            raise AssertionError("a block appears twice in the free list")
-        zero = {b for b in range(self.num_blocks) if self._ref_counts[b] == 0}
-        if free_set != zero:
-            raise AssertionError("free list differs from the blocks nobody holds")
+            wrong = [b for b in range(self.num_blocks) if expected[b] != self._ref_counts[b]]
+            raise AssertionError(f"refcounts disagree with holders for blocks {wrong[:16]}")
+        free_set, evictable = set(self._free), set(self._evictable)
+        if len(free_set) != len(self._free) or free_set & evictable:
+            raise AssertionError("a block is listed twice among unheld blocks")
+        unheld = {b for b in range(self.num_blocks) if self._ref_counts[b] == 0}
+        if free_set | evictable != unheld:
+            raise AssertionError("unheld blocks differ from the free and cached lists")
+        if not evictable <= set(self._hash_of_block):
+            raise AssertionError("a cached block has no hash")
+        if {v: k for k, v in self._hash_of_block.items()} != self._block_of_hash:
+            raise AssertionError("hash maps disagree")
