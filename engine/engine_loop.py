@@ -20,7 +20,7 @@ from typing import Callable
 
 from .config import ContinuousBatchingConfig
 from .kv_cache.allocator import BlockAllocator
-from .kv_cache.sizing import compute_sizing
+from .kv_cache.sizing import compute_sizing, offload_num_blocks
 from .output_router import OutputRouter
 from .outputs import RequestStatus
 from .requests import RequestState
@@ -44,11 +44,13 @@ class EngineLoop:
             num_submitted=workload_hints.get("num_requests"))
         self.allocator = BlockAllocator(self.sizing.num_blocks,
                                         enable_caching=config.allow_block_sharing)
+        num_offload_blocks = offload_num_blocks(config, self.sizing)
         self.scheduler = Scheduler(
             self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
             self.sizing.max_requests_per_batch, config.resolved_safety_margin,
-            config.scheduler_type)
-        self.runner = ModelRunner(module, self.sizing, config.seed)
+            config.scheduler_type,
+            offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None)
+        self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self._count_lock = threading.Lock()
@@ -106,17 +108,17 @@ class EngineLoop:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
             "num_prefill_tokens": self.num_prefill_tokens,
-            "prefix_cache_queries": self.scheduler.prefix_queried_tokens,
-            "prefix_cache_hits": self.scheduler.prefix_hit_tokens,
+            "prefix_cache_queries": self.scheduler.blocks.prefix_queried_tokens,
+            "prefix_cache_hits": self.scheduler.blocks.prefix_hit_tokens,
+            "num_swapped_out": self.scheduler.blocks.num_swapped_out,
+            "num_swapped_in": self.scheduler.blocks.num_swapped_in,
             "num_cached_blocks": self.allocator.num_cached_blocks,
             "num_evictions": self.allocator.num_evictions,
         }
 
     def check_invariants(self) -> None:
         with self.step_lock:
-            holders = [r.block_ids for r in self.scheduler.running]
-            holders += [r.block_ids for r in self.scheduler.waiting]
-            self.allocator.check_invariants(holders)
+            self.scheduler.check_invariants()
 
     def warmup(self) -> None:
         """Run one dummy prefill of a page of tokens through the model."""
@@ -134,6 +136,8 @@ class EngineLoop:
 
     def release(self) -> None:
         self.runner.cache.release()
+        if self.runner.offload_cache is not None:
+            self.runner.offload_cache.release()
 
     # -- engine thread -------------------------------------------------------------------
     def run(self) -> None:

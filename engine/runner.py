@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .batch import build_step_inputs
-from .kv_cache.paged_cache import PagedKVCache
+from .kv_cache.paged_cache import PagedKVCache, copy_blocks
 from .kv_cache.sizing import CacheSizing
 from .requests import RequestState
 from .sampling import SampleResult, Sampler
@@ -15,7 +15,8 @@ from .scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None) -> None:
+    def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
+                 num_offload_blocks: int = 0) -> None:
         parameter = next(model.parameters())
         self.model = model
         self.device = parameter.device
@@ -25,11 +26,21 @@ class ModelRunner:
             num_layers=len(model.layers), num_blocks=sizing.num_blocks,
             page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, dtype=self.dtype, device=self.device)
+        self.offload_cache = None
+        if num_offload_blocks:
+            self.offload_cache = PagedKVCache(
+                num_layers=len(model.layers), num_blocks=num_offload_blocks,
+                page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
+                head_dim=model.head_dim, dtype=self.dtype, device=torch.device("cpu"),
+                pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:
         """Run `batch`; returns the requests that sampled a token and their results."""
+        if batch.swap_out or batch.swap_in:
+            copy_blocks(self.cache, self.offload_cache, list(batch.swap_out))
+            copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
         inputs = build_step_inputs(batch, self.page_size, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         requests = [batch.entries[i].request for i in inputs.sampling_entries]

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .kv_cache.allocator import BlockAllocator
-from .kv_cache.block_hash import extend_block_hashes
+from .kv_cache.block_manager import BlockManager, blocks_needed
 from .outputs import RequestStatus
 from .requests import RequestState
 
@@ -54,22 +54,24 @@ class ScheduledBatch:
     """In batch order: the runner flattens their tokens in this order."""
     preempted: list[RequestState]
     """Requests that lost their blocks while this batch was built."""
+    swap_out: list[tuple[list[int], list[int]]] = ()
+    """(device blocks, pool slots) to copy to the CPU pool before the forward pass."""
+    swap_in: list[tuple[list[int], list[int]]] = ()
+    """(pool slots, device blocks) to copy back after the swap-outs."""
 
     @property
     def num_tokens(self) -> int:
         return sum(e.num_tokens for e in self.entries)
 
 
-def blocks_needed(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)
-
-
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, page_size: int, max_batch_tokens: int,
-                 max_requests_per_batch: int, safety_margin: float, policy: str = "fifo") -> None:
+                 max_requests_per_batch: int, safety_margin: float, policy: str = "fifo",
+                 offload_allocator: BlockAllocator | None = None) -> None:
         if policy not in SCHEDULER_MAPPING:
             raise ValueError(f"unknown scheduler policy {policy!r}")
         self.allocator = allocator
+        self.blocks = BlockManager(allocator, page_size, offload_allocator)
         self.page_size = page_size
         self.max_batch_tokens = max_batch_tokens
         self.max_requests_per_batch = max_requests_per_batch
@@ -78,10 +80,6 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.num_preemptions = 0
-        self.prefix_queried_tokens = 0
-        """Prompt tokens looked up in the prefix cache at admission."""
-        self.prefix_hit_tokens = 0
-        """Of those, tokens found cached (not recomputed)."""
 
     # -- queue management ------------------------------------------------------------
     def add(self, request: RequestState) -> None:
@@ -96,82 +94,46 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    self._release(request)
+                    self.blocks.drop(request)
                     return request
         return None
 
     def finish(self, request: RequestState) -> None:
         self.running.remove(request)
-        self._release(request)
+        self.blocks.drop(request)
 
     def drain(self) -> list[RequestState]:
         """Remove every request (hard stop); returns them."""
         requests = list(self.running) + list(self.waiting)
         for request in requests:
-            self._release(request)
+            self.blocks.drop(request)
         self.running.clear()
         self.waiting.clear()
         return requests
 
-    def _release(self, request: RequestState) -> None:
-        self.allocator.free(reversed(request.block_ids))
-        request.block_ids = []
-        request.num_registered_blocks = 0
-
-    def _take_cached_prefix(self, request: RequestState) -> None:
-        """On admission, reuse every cached full block of the request's tokens, but
-        always leave at least one token to compute (its logits give the next token)."""
-        if not self.allocator.enable_caching:
-            return
-        tokens = request.all_tokens()
-        extend_block_hashes(request.block_hashes, tokens, self.page_size)
-        usable = (len(tokens) - 1) // self.page_size
-        cached = self.allocator.lookup(request.block_hashes[:usable])
-        self.prefix_queried_tokens += len(tokens)
-        self.prefix_hit_tokens += len(cached) * self.page_size
-        self.allocator.share(cached)
-        request.block_ids = cached
-        request.num_registered_blocks = len(cached)
-        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
-
-    def _register_full_blocks(self, request: RequestState, end: int) -> None:
-        """Offer the blocks that `end` tokens fill to the prefix cache. Done at
-        scheduling time: within a forward pass every layer writes the step's K/V
-        before attending, so a request admitted later in the same step may already
-        read them."""
-        if not self.allocator.enable_caching:
-            return
-        num_full = end // self.page_size
-        if num_full <= request.num_registered_blocks:
-            return
-        extend_block_hashes(request.block_hashes, request.tokens_between(0, num_full * self.page_size),
-                            self.page_size)
-        for index in range(request.num_registered_blocks, num_full):
-            self.allocator.register(request.block_ids[index], request.block_hashes[index])
-        request.num_registered_blocks = num_full
+    def check_invariants(self) -> None:
+        requests = list(self.running) + list(self.waiting)
+        self.allocator.check_invariants([r.block_ids for r in requests])
+        if self.blocks.offload_allocator is not None:
+            self.blocks.offload_allocator.check_invariants(self.blocks.pool_holders(requests))
 
     # -- one step --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """Build the next batch, or None when there is nothing to run."""
+        self.blocks.begin_step()
         step = _StepBuilder(self)
         SCHEDULER_MAPPING[self.policy](step)
         if not step.entries:
             return None
-        return ScheduledBatch(entries=step.entries, preempted=step.preempted)
-
-    def _grow(self, request: RequestState, new_end: int) -> bool:
-        """Give `request` enough blocks to hold `new_end` tokens."""
-        missing = blocks_needed(new_end, self.page_size) - len(request.block_ids)
-        if missing <= 0:
-            return True
-        if not self.allocator.can_allocate(missing):
-            return False
-        request.block_ids.extend(self.allocator.allocate(missing))
-        return True
+        return ScheduledBatch(entries=step.entries, preempted=step.preempted,
+                              swap_out=self.blocks.swap_out, swap_in=self.blocks.swap_in)
 
     def _preempt(self, request: RequestState) -> None:
+        """Take the request's blocks away: its K/V goes to the CPU pool when there is
+        room (resumed without recompute), else it will be recomputed from its tokens."""
         self.running.remove(request)
-        self._release(request)
+        self.blocks.offload(request)
+        self.blocks.release(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PENDING
         request.num_preemptions += 1
@@ -196,7 +158,7 @@ class _StepBuilder:
         start = request.num_computed_tokens
         self.entries.append(ScheduledRequest(request, start, num_tokens,
                                              samples=start + num_tokens == request.num_tokens))
-        self.scheduler._register_full_blocks(request, start + num_tokens)
+        self.scheduler.blocks.register_full_blocks(request, start + num_tokens)
         self.budget -= num_tokens
         self.scheduled_ids.add(request.request_id)
 
@@ -213,7 +175,7 @@ class _StepBuilder:
             if prefills is not None and (remaining > 1) != prefills:
                 continue
             num_tokens = min(remaining, self.budget)
-            while not sched._grow(request, request.num_computed_tokens + num_tokens):
+            while not sched.blocks.grow(request, request.num_computed_tokens + num_tokens):
                 victim = self._pick_victim(request)
                 self._preempt(victim)
                 if victim is request:
@@ -235,23 +197,48 @@ class _StepBuilder:
 
     def admit_waiting(self) -> None:
         sched = self.scheduler
-        allocator = sched.allocator
         while sched.waiting and not self._full():
             request = sched.waiting[0]
-            sched._take_cached_prefix(request)
-            start = request.num_computed_tokens
-            num_tokens = min(request.num_tokens - start, self.budget)
-            needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
-            margin_blocks = sched.safety_margin * allocator.num_blocks
-            if (sched.running and allocator.num_free_blocks - needed < margin_blocks) \
-                    or not sched._grow(request, start + num_tokens):
-                sched._release(request)          # give the cached prefix back
-                request.num_computed_tokens = 0
+            num_tokens = self._admit(request)
+            if num_tokens is None:
                 return
             sched.waiting.popleft()
             request.status = RequestStatus.PREFILLING
             sched.running.append(request)
             self._add(request, num_tokens)
+
+    def _admit(self, request: RequestState) -> int | None:
+        """Give a waiting request its blocks (restored from the CPU pool, or a cached
+        prefix plus new ones); returns how many tokens it runs now, None if it must wait."""
+        sched, blocks = self.scheduler, self.scheduler.blocks
+        if request.offloaded_slots:
+            start = request.offloaded_tokens
+            num_tokens = min(request.num_tokens - start, self.budget)
+            if not self._room_for(blocks_needed(start + num_tokens, sched.page_size)):
+                return None
+            blocks.restore(request)
+            blocks.grow(request, start + num_tokens)
+            return num_tokens
+        blocks.take_cached_prefix(request)
+        start = request.num_computed_tokens
+        num_tokens = min(request.num_tokens - start, self.budget)
+        needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
+        if not self._room_for(needed) or not blocks.grow(request, start + num_tokens):
+            blocks.release(request)          # give the cached prefix back
+            request.num_computed_tokens = 0
+            return None
+        return num_tokens
+
+    def _room_for(self, num_blocks: int) -> bool:
+        """Enough free blocks, keeping `safety_margin` of the cache free while other
+        requests run (with nothing running, a request is always let in)."""
+        allocator = self.scheduler.allocator
+        if not allocator.can_allocate(num_blocks):
+            return False
+        if not self.scheduler.running:
+            return True
+        margin_blocks = self.scheduler.safety_margin * allocator.num_blocks
+        return allocator.num_free_blocks - num_blocks >= margin_blocks
 
 
 def _fifo(step: _StepBuilder) -> None:

@@ -16,7 +16,8 @@ import torch
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, page_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 pin_memory: bool = False) -> None:
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.page_size = page_size
@@ -25,8 +26,11 @@ class PagedKVCache:
         self.dtype = dtype
         self.device = device
         shape = (num_blocks, page_size, num_kv_heads, head_dim)
-        self.key_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.value_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        def make() -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+
+        self.key_caches = [make() for _ in range(num_layers)]
+        self.value_caches = [make() for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_block(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
@@ -43,3 +47,17 @@ class PagedKVCache:
         """Drop the tensors (the manager's destroy)."""
         self.key_caches = []
         self.value_caches = []
+
+
+def copy_blocks(source: PagedKVCache, target: PagedKVCache,
+                pairs: list[tuple[list[int], list[int]]]) -> None:
+    """Copy blocks source[a] -> target[b] in every layer, for each (a_ids, b_ids) pair."""
+    if not pairs:
+        return
+    source_ids = torch.tensor([i for a, _ in pairs for i in a], device=source.device)
+    target_ids = torch.tensor([i for _, b in pairs for i in b], device=target.device)
+    for caches in ((source.key_caches, target.key_caches),
+                   (source.value_caches, target.value_caches)):
+        for source_layer, target_layer in zip(*caches):
+            blocks = source_layer.index_select(0, source_ids).to(target.device, non_blocking=True)
+            target_layer.index_copy_(0, target_ids, blocks)

@@ -10,6 +10,9 @@
   of the budget, never below 256.
 - `max_requests_per_batch`: the number of submitted prompts when known, else 1024,
   then at most `max_batch_tokens` and `num_blocks`.
+- CPU offload pool: `cpu_offload_space` GiB (None: as much as the threshold allows),
+  clamped to `cpu_offload_space_safety_threshold` of system RAM, and to as many blocks
+  as the device cache has (more could never be filled by one preemption wave).
 """
 
 from __future__ import annotations
@@ -76,3 +79,13 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
     return CacheSizing(num_blocks=num_blocks, page_size=page_size,
                        max_batch_tokens=max_batch_tokens,
                        max_requests_per_batch=max_requests, block_bytes=block_bytes)
+
+
+def offload_num_blocks(config: ContinuousBatchingConfig, sizing: CacheSizing) -> int:
+    """Slots of the CPU offload pool (0 = offload off: preemption recomputes)."""
+    space = config.cpu_offload_space
+    if space == 0:
+        return 0
+    limit = config.cpu_offload_space_safety_threshold * psutil.virtual_memory().total
+    budget = limit if space is None else min(space * 1024**3, limit)
+    return max(0, min(int(budget // sizing.block_bytes), sizing.num_blocks))

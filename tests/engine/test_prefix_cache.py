@@ -51,7 +51,7 @@ def test_scheduler_reuses_a_cached_prefix_and_computes_the_rest():
     entry = [e for e in batch.entries if e.request is second][0]
     assert (entry.start, entry.num_tokens) == (12, 2)        # 3 full blocks reused
     assert second.block_ids[:3] == first.block_ids[:3]
-    assert scheduler.prefix_hit_tokens == 12
+    assert scheduler.blocks.prefix_hit_tokens == 12
     # an identical prompt never reuses its last token's block: its logits are needed
     third = make_request("c", 12, max_new_tokens=2)
     third.prompt_ids = first.prompt_ids[:12]

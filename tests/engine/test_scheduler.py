@@ -24,8 +24,7 @@ def run_step(scheduler: Scheduler):
     for entry in batch.entries:
         if entry.request.status.name == "FINISHED":
             scheduler.finish(entry.request)
-    holders = [r.block_ids for r in list(scheduler.running) + list(scheduler.waiting)]
-    scheduler.allocator.check_invariants(holders)
+    scheduler.check_invariants()
     return batch
 
 

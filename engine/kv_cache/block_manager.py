@@ -1,0 +1,127 @@
+"""BlockManager: the per-request side of the KV cache. Pure Python (no torch).
+
+It turns scheduler decisions into block operations on the allocator:
+- `grow`: give a request the blocks its next tokens need;
+- prefix caching: `take_cached_prefix` on admission, `register_full_blocks` as blocks fill;
+- CPU offload: `offload` copies a preempted request's computed blocks to a CPU pool
+  (a second allocator over the pool's slots) and `restore` brings them back, so the
+  request resumes without recomputing anything. The copies themselves are done by the
+  runner before the step's forward pass, swap-outs before swap-ins; pool slots read by
+  a swap-in are only freed at the next step so no swap-out of the same step reuses them.
+"""
+
+from __future__ import annotations
+
+from .allocator import BlockAllocator
+from .block_hash import extend_block_hashes
+from ..requests import RequestState
+
+
+def blocks_needed(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class BlockManager:
+    def __init__(self, allocator: BlockAllocator, page_size: int,
+                 offload_allocator: BlockAllocator | None = None) -> None:
+        self.allocator = allocator
+        self.page_size = page_size
+        self.offload_allocator = offload_allocator
+        self.swap_out: list[tuple[list[int], list[int]]] = []   # (device blocks, pool slots)
+        self.swap_in: list[tuple[list[int], list[int]]] = []    # (pool slots, device blocks)
+        self._pool_slots_to_free: list[int] = []
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.num_swapped_out = 0
+        self.num_swapped_in = 0
+
+    def grow(self, request: RequestState, end: int) -> bool:
+        """Give `request` enough blocks to hold `end` tokens; False if none are left."""
+        missing = blocks_needed(end, self.page_size) - len(request.block_ids)
+        if missing <= 0:
+            return True
+        if not self.allocator.can_allocate(missing):
+            return False
+        request.block_ids.extend(self.allocator.allocate(missing))
+        return True
+
+    def release(self, request: RequestState) -> None:
+        """Free the request's device blocks (tail first, so a cached prefix's end is
+        evicted before its start)."""
+        self.allocator.free(reversed(request.block_ids))
+        request.block_ids = []
+        request.num_registered_blocks = 0
+
+    def drop(self, request: RequestState) -> None:
+        """The request is gone: free its device blocks and any offloaded copy."""
+        self.release(request)
+        if request.offloaded_slots:
+            self.offload_allocator.free(request.offloaded_slots)
+            request.offloaded_slots, request.offloaded_tokens = [], 0
+
+    # -- prefix caching --------------------------------------------------------------
+    def take_cached_prefix(self, request: RequestState) -> None:
+        """On admission, reuse every cached full block of the request's tokens, but
+        always leave at least one token to compute (its logits give the next token)."""
+        if not self.allocator.enable_caching:
+            return
+        tokens = request.all_tokens()
+        extend_block_hashes(request.block_hashes, tokens, self.page_size)
+        usable = (len(tokens) - 1) // self.page_size
+        cached = self.allocator.lookup(request.block_hashes[:usable])
+        self.prefix_queried_tokens += len(tokens)
+        self.prefix_hit_tokens += len(cached) * self.page_size
+        self.allocator.share(cached)
+        request.block_ids = cached
+        request.num_registered_blocks = len(cached)
+        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
+
+    def register_full_blocks(self, request: RequestState, end: int) -> None:
+        """Offer the blocks that `end` tokens fill to the prefix cache. Done at
+        scheduling time: within a forward pass every layer writes the step's K/V
+        before attending, so a request admitted later in the same step may already
+        read them."""
+        num_full = end // self.page_size
+        if not self.allocator.enable_caching or num_full <= request.num_registered_blocks:
+            return
+        extend_block_hashes(request.block_hashes,
+                            request.tokens_between(0, num_full * self.page_size), self.page_size)
+        for index in range(request.num_registered_blocks, num_full):
+            self.allocator.register(request.block_ids[index], request.block_hashes[index])
+        request.num_registered_blocks = num_full
+
+    # -- CPU offload -----------------------------------------------------------------
+    def offload(self, request: RequestState) -> bool:
+        """Preemption: copy the computed blocks to the pool if it has room."""
+        pool = self.offload_allocator
+        count = blocks_needed(request.num_computed_tokens, self.page_size)
+        if pool is None or count == 0 or not pool.can_allocate(count):
+            return False
+        slots = pool.allocate(count)
+        self.swap_out.append((request.block_ids[:count], slots))
+        request.offloaded_slots, request.offloaded_tokens = slots, request.num_computed_tokens
+        self.num_swapped_out += 1
+        return True
+
+    def restore(self, request: RequestState) -> bool:
+        """Admission of an offloaded request: new device blocks, copied back from the pool."""
+        slots = request.offloaded_slots
+        if not self.allocator.can_allocate(len(slots)):
+            return False
+        request.block_ids = self.allocator.allocate(len(slots))
+        self.swap_in.append((slots, list(request.block_ids)))
+        self._pool_slots_to_free.extend(slots)
+        request.num_computed_tokens = request.offloaded_tokens
+        request.offloaded_slots, request.offloaded_tokens = [], 0
+        self.num_swapped_in += 1
+        return True
+
+    def begin_step(self) -> None:
+        """Pool slots read by the previous step's swap-ins are free again."""
+        if self._pool_slots_to_free:
+            self.offload_allocator.free(self._pool_slots_to_free)
+            self._pool_slots_to_free = []
+        self.swap_out, self.swap_in = [], []
+
+    def pool_holders(self, requests) -> list[list[int]]:
+        return [r.offloaded_slots for r in requests] + [self._pool_slots_to_free]
