@@ -1,16 +1,20 @@
 """Turn a ScheduledBatch into the flat tensors of one forward pass.
 
 Everything is computed once per step on the host in Python lists, then moved to the
-device in a few tensor constructions; layers only index into these tensors.
+device in a few tensor constructions; layers only index into these tensors. Models
+with sliding-window layers get a second AttentionMetadata (`meta.sliding`) built over
+the requests' sliding-group blocks, with the window applied.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
 from .attention.metadata import AttentionMetadata, PrefillSlice
+from .requests import RequestState
 from .scheduler import ScheduledBatch
 
 
@@ -28,45 +32,25 @@ def _slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[i
     return [block_ids[p // page_size] * page_size + p % page_size for p in range(start, end)]
 
 
-def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.device) -> StepInputs:
+def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.device,
+                      sliding_window: int | None = None,
+                      sliding_blocks: Callable[[RequestState], list[int]] | None = None) -> StepInputs:
     input_ids: list[int] = []
     positions: list[int] = []
-    slot_mapping: list[int] = []
-    cu_seqlens_q = [0]
-    seq_lens_k: list[int] = []
-    decode_rows: list[int] = []
-    decode_slots: list[list[int]] = []
-    prefills: list[PrefillSlice] = []
     logits_rows: list[int] = []
     sampling_entries: list[int] = []
-
     for index, entry in enumerate(batch.entries):
-        request, start, end = entry.request, entry.start, entry.end
         row = len(input_ids)
-        input_ids.extend(request.tokens_between(start, end))
-        positions.extend(range(start, end))
-        slot_mapping.extend(_slots(request.block_ids, page_size, start, end))
-        cu_seqlens_q.append(row + entry.num_tokens)
-        seq_lens_k.append(end)
-        if entry.num_tokens == 1:
-            decode_rows.append(row)
-            decode_slots.append(_slots(request.block_ids, page_size, 0, end))
-        else:
-            prefills.append(_prefill_slice(request.block_ids, page_size, row, start, end, device))
+        input_ids.extend(entry.request.tokens_between(entry.start, entry.end))
+        positions.extend(range(entry.start, entry.end))
         if entry.samples:
             logits_rows.append(row + entry.num_tokens - 1)
             sampling_entries.append(index)
-
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-        cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
-        seq_lens_k=torch.tensor(seq_lens_k, dtype=torch.int32, device=device),
-        decode_rows=None, decode_kv_slots=None, decode_mask=None,
-        prefills=prefills, page_size=page_size,
-        block_tables=[entry.request.block_ids for entry in batch.entries],
-    )
-    if decode_rows:
-        meta = _with_decodes(meta, decode_rows, decode_slots, device)
+    meta = build_group_meta(batch, page_size, device, None, lambda r: r.block_ids)
+    if sliding_window is not None:
+        sliding = build_group_meta(batch, page_size, device, sliding_window,
+                                   sliding_blocks or (lambda r: r.block_ids))
+        meta = replace(meta, sliding=sliding)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -76,15 +60,54 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     )
 
 
+def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device,
+                     window: int | None, blocks_of: Callable[[RequestState], list[int]]
+                     ) -> AttentionMetadata:
+    """Metadata of one attention group: the layers sharing a block table and a window
+    (a key at position k is visible to a query at q when q - window < k <= q)."""
+    slot_mapping: list[int] = []
+    cu_seqlens_q = [0]
+    decode_rows: list[int] = []
+    decode_slots: list[list[int]] = []
+    prefills: list[PrefillSlice] = []
+    for entry in batch.entries:
+        block_ids, start, end = blocks_of(entry.request), entry.start, entry.end
+        row = cu_seqlens_q[-1]
+        slot_mapping.extend(_slots(block_ids, page_size, start, end))
+        cu_seqlens_q.append(row + entry.num_tokens)
+        first_key = 0 if window is None else max(0, end - window)
+        if entry.num_tokens == 1:
+            decode_rows.append(row)
+            decode_slots.append(_slots(block_ids, page_size, first_key, end))
+        else:
+            prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+        cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
+        seq_lens_k=torch.tensor([e.end for e in batch.entries], dtype=torch.int32, device=device),
+        decode_rows=None, decode_kv_slots=None, decode_mask=None,
+        prefills=prefills, page_size=page_size,
+        block_tables=[blocks_of(e.request) for e in batch.entries], window=window,
+    )
+    if decode_rows:
+        meta = _with_decodes(meta, decode_rows, decode_slots, device)
+    return meta
+
+
 def _prefill_slice(block_ids: list[int], page_size: int, row: int, start: int, end: int,
-                   device: torch.device) -> PrefillSlice:
+                   window: int | None, device: torch.device) -> PrefillSlice:
     num_tokens = end - start
-    if start == 0:
+    if start == 0 and (window is None or num_tokens <= window):
         return PrefillSlice(row, row + num_tokens, 0, None, None)
-    kv_slots = torch.tensor(_slots(block_ids, page_size, 0, end), dtype=torch.long, device=device)
+    first_key = 0 if window is None else max(0, start - window + 1)
+    kv_slots = torch.tensor(_slots(block_ids, page_size, first_key, end), dtype=torch.long,
+                            device=device)
     query_pos = torch.arange(start, end, device=device)[:, None]     # [n, 1]
-    key_pos = torch.arange(end, device=device)[None, :]              # [1, end]
-    return PrefillSlice(row, row + num_tokens, start, kv_slots, key_pos <= query_pos)
+    key_pos = torch.arange(first_key, end, device=device)[None, :]   # [1, end - first_key]
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    return PrefillSlice(row, row + num_tokens, start, kv_slots, mask)
 
 
 def _with_decodes(meta: AttentionMetadata, rows: list[int], slots: list[list[int]],
@@ -93,11 +116,9 @@ def _with_decodes(meta: AttentionMetadata, rows: list[int], slots: list[list[int
     padded = [s + [0] * (longest - len(s)) for s in slots]
     lengths = torch.tensor([len(s) for s in slots], device=device)
     mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]   # [D, L]
-    return AttentionMetadata(
-        slot_mapping=meta.slot_mapping, cu_seqlens_q=meta.cu_seqlens_q,
-        seq_lens_k=meta.seq_lens_k,
+    return replace(
+        meta,
         decode_rows=torch.tensor(rows, dtype=torch.long, device=device),
         decode_kv_slots=torch.tensor(padded, dtype=torch.long, device=device),
         decode_mask=mask[:, None, None, :],
-        prefills=meta.prefills, page_size=meta.page_size, block_tables=meta.block_tables,
     )

@@ -22,6 +22,7 @@ class ModelRunner:
         self.device = parameter.device
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
+        self.sliding_window = getattr(model, "sliding_window", None)
         self.cache = PagedKVCache(
             num_layers=len(model.layers), num_blocks=sizing.num_blocks,
             page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
@@ -41,7 +42,7 @@ class ModelRunner:
         if batch.swap_out or batch.swap_in:
             copy_blocks(self.cache, self.offload_cache, list(batch.swap_out))
             copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
-        inputs = build_step_inputs(batch, self.page_size, self.device)
+        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         requests = [batch.entries[i].request for i in inputs.sampling_entries]
         if not requests:
@@ -52,6 +53,6 @@ class ModelRunner:
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
-        inputs = build_step_inputs(batch, self.page_size, self.device)
+        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         return self.model.compute_logits(hidden)

@@ -25,11 +25,12 @@ class PrefillSlice:
     q_end: int                 # one past its last row
     start: int                 # position of its first row (tokens already cached before it)
     kv_slots: torch.Tensor | None
-    """[start + n] cache slots of positions 0..start+n-1; None when start == 0, where
-    the fresh K/V of this step are the whole context."""
+    """[L] cache slots of the context positions (0..start+n-1, or the window's part of
+    it); None when start == 0 and no window cuts the chunk: the fresh K/V of this
+    step are then the whole context."""
     mask: torch.Tensor | None
-    """[n, start + n] bool, True = may attend (causal with an offset); None when
-    start == 0 (plain causal)."""
+    """[n, L] bool, True = may attend (causal with an offset, and the window); None
+    exactly when kv_slots is None (plain causal)."""
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,8 @@ class AttentionMetadata:
     prefills: list[PrefillSlice]
     page_size: int
     block_tables: list[list[int]]       # per request, its block ids (for paged kernels)
+    window: int | None = None
+    """Sliding window of this group's layers (None: full attention)."""
+    sliding: "AttentionMetadata | None" = None
+    """The sliding-window group's metadata, on the full group's object, for models
+    with sliding layers."""

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaFamilyForCausalLM
 
 MODEL_REGISTRY = {
@@ -14,6 +15,7 @@ MODEL_REGISTRY = {
     "mistral": LlamaFamilyForCausalLM,
     "qwen2": LlamaFamilyForCausalLM,
     "qwen3": LlamaFamilyForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
 }
 
 
@@ -28,5 +30,5 @@ def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
         model = MODEL_REGISTRY[model_type](config)
     model = model.to_empty(device=device).to(dtype=dtype)
     model.load_hf_state_dict(state_dict)
-    model.rotary.reset(device)  # buffers are not in the checkpoint; rebuild in fp32
+    model.reset_buffers(device)  # buffers are not in the checkpoint; rebuild in fp32
     return model.eval()

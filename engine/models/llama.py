@@ -27,12 +27,24 @@ class FamilyTraits:
         self.o_bias = model_type != "qwen2" and bool(getattr(config, "attention_bias", False))
         self.mlp_bias = bool(getattr(config, "mlp_bias", False))
         self.qk_norm = model_type == "qwen3"
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None) or (
+            ["sliding_attention" if model_type == "mistral" else "full_attention"]
+            * config.num_hidden_layers)
+        self.sliding_window = int(window) if window else None
+        """Sliding layers attend to the last `sliding_window` positions (Mistral: all
+        layers; Qwen2 with use_sliding_window: per its layer_types)."""
+        self.layer_is_sliding = [t == "sliding_attention" and self.sliding_window is not None
+                                 for t in layer_types]
+        if not any(self.layer_is_sliding):
+            self.sliding_window = None
 
 
 class Attention(nn.Module):
     def __init__(self, config: Any, traits: FamilyTraits, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.is_sliding = traits.layer_is_sliding[layer_idx]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -48,6 +60,8 @@ class Attention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
         num_tokens = hidden.shape[0]
+        if self.is_sliding:
+            meta = meta.sliding
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)        # [T, H, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)     # [T, KVH, D]
@@ -89,6 +103,8 @@ class LlamaFamilyForCausalLM(nn.Module):
             config.hidden_size, config.vocab_size, bias=False)
         head_dim = self.layers[0].self_attn.head_dim
         self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config)
+        self.sliding_window = traits.sliding_window
+        self.layer_is_sliding = traits.layer_is_sliding
         self.attn_backend = get_backend("torch")
 
     @property
@@ -112,6 +128,10 @@ class LlamaFamilyForCausalLM(nn.Module):
         """[N, hidden] -> fp32 logits [N, vocab]."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(hidden, weight).float()
+
+    def reset_buffers(self, device: torch.device) -> None:
+        """Rebuild non-checkpoint buffers (after meta-device construction)."""
+        self.rotary.reset(device)
 
     # -- weights ---------------------------------------------------------------------
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -139,6 +159,12 @@ _FUSED = {
 }
 
 
+LAYER_PARTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight",
+               "mlp.down_proj.bias", "input_layernorm.weight", "post_attention_layernorm.weight",
+               "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+               "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
+
+
 def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
     """Yield (our_name, tensor): strip the `model.` prefix, concatenate the parts of
     each fused projection along the output dimension (q, k, v / gate, up)."""
@@ -156,10 +182,7 @@ def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
                 tensors = [get(f"{prefix}{part}.{kind}") for part in parts]
                 if all(t is not None for t in tensors):
                     yield f"{prefix}{fused}.{kind}", torch.cat(tensors, dim=0)
-        for part in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight",
-                     "mlp.down_proj.bias", "input_layernorm.weight",
-                     "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                     "self_attn.k_norm.weight"):
+        for part in LAYER_PARTS:
             tensor = get(prefix + part)
             if tensor is not None:
                 yield prefix + part, tensor

@@ -1,0 +1,133 @@
+"""Decoder for Gemma 3 text models: a pattern of sliding-window and full-attention
+layers with their own RoPE bases, q/k RMSNorm, Gemma's (1 + weight) norms around both
+the attention and the MLP, embeddings scaled by sqrt(hidden_size), and attention
+scaled by query_pre_attn_scalar ** -0.5.
+
+Inputs are one flat varlen step, as in llama.py; sliding layers read `meta.sliding`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention.backend import get_backend
+from ..attention.metadata import AttentionMetadata
+from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
+from .llama import LlamaFamilyForCausalLM
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def layer_rope_parameters(config: Any, layer_type: str) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and layer_type in params:
+        merged = dict(params[layer_type])
+        merged.setdefault("rope_type", "default")
+        return merged
+    merged = rope_parameters(config)        # older configs: rope_theta + rope_local_base_freq
+    if layer_type == SLIDING:
+        merged = {"rope_type": "default",
+                  "rope_theta": getattr(config, "rope_local_base_freq", 10000.0)}
+    return merged
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, is_sliding: bool) -> None:
+        super().__init__()
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            raise ValueError("attn_logit_softcapping is not supported")
+        self.layer_idx = layer_idx
+        self.is_sliding = is_sliding
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = config.query_pre_attn_scalar ** -0.5
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
+
+    def forward(self, hidden, cos, sin, kv_cache, meta: AttentionMetadata, backend):
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))      # [T, H, D]
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))   # [T, KVH, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        group_meta = meta.sliding if self.is_sliding else meta
+        out = backend.forward(q, k, v, kv_cache.key_caches[self.layer_idx],
+                              kv_cache.value_caches[self.layer_idx], group_meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, is_sliding: bool) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.is_sliding = is_sliding
+        self.self_attn = Gemma3Attention(config, layer_idx, is_sliding)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
+                            config.hidden_activation, bias=False)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
+
+    def forward(self, hidden, rope, kv_cache, meta, backend):
+        cos, sin = rope[SLIDING if self.is_sliding else FULL]
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta, backend)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)
+
+
+class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
+    """Shares weight loading and logits with the Llama family; differs in layers."""
+
+    def __init__(self, config: Any) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        layer_types = config.layer_types
+        self.sliding_window = int(config.sliding_window) if SLIDING in layer_types else None
+        self.layer_is_sliding = [t == SLIDING for t in layer_types]
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = config.hidden_size ** 0.5
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(config, i, self.layer_is_sliding[i])
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=1.0)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+        self.rotaries = nn.ModuleDict({
+            kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config)
+            for kind in (SLIDING, FULL)})
+        self.attn_backend = get_backend("torch")
+
+    def reset_buffers(self, device: torch.device) -> None:
+        for rotary in self.rotaries.values():
+            rotary.reset(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        hidden = self.embed_tokens(input_ids)
+        hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
+        rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
+        for layer in self.layers:
+            hidden = layer(hidden, rope, kv_cache, meta, self.attn_backend)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        if self.final_logit_softcapping is not None:
+            cap = self.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
