@@ -36,12 +36,18 @@ class EngineLoop:
     def __init__(self, model, config: ContinuousBatchingConfig, router: OutputRouter,
                  workload_hints: dict, logit_processing: bool) -> None:
         module, hf_config = model.module, model.config
+        sliding_window = getattr(module, "sliding_window", None)
+        layer_is_sliding = getattr(module, "layer_is_sliding", [False] * len(module.layers))
+        hybrid = sliding_window is not None and 0 < sum(layer_is_sliding) < len(layer_is_sliding)
+        config = _adjust_for_sliding(config, sliding_window, hybrid)
         self.sizing = compute_sizing(
             config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
             head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
             intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
             dtype=model.dtype, device=model.device, logit_processing=logit_processing,
-            num_submitted=workload_hints.get("num_requests"))
+            num_submitted=workload_hints.get("num_requests"),
+            num_sliding_layers=sum(layer_is_sliding) if hybrid else 0,
+            sliding_window=sliding_window if hybrid else None)
         self.allocator = BlockAllocator(self.sizing.num_blocks,
                                         enable_caching=config.allow_block_sharing)
         num_offload_blocks = offload_num_blocks(config, self.sizing)
@@ -49,7 +55,9 @@ class EngineLoop:
             self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
             self.sizing.max_requests_per_batch, config.resolved_safety_margin,
             config.scheduler_type,
-            offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None)
+            offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
+            sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if hybrid else None,
+            sliding_window=sliding_window)
         self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
@@ -112,6 +120,9 @@ class EngineLoop:
             "prefix_cache_hits": self.scheduler.blocks.prefix_hit_tokens,
             "num_swapped_out": self.scheduler.blocks.num_swapped_out,
             "num_swapped_in": self.scheduler.blocks.num_swapped_in,
+            "num_sliding_blocks": self.sizing.num_sliding_blocks,
+            "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
+                                        if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
             "num_evictions": self.allocator.num_evictions,
         }
@@ -121,18 +132,17 @@ class EngineLoop:
             self.scheduler.check_invariants()
 
     def warmup(self) -> None:
-        """Run one dummy prefill of a page of tokens through the model."""
+        """Run one dummy prefill of up to a page of tokens through the model."""
         with self.step_lock:
-            if not self.allocator.can_allocate(1):
-                return
             num_tokens = min(self.sizing.page_size, self.sizing.max_batch_tokens)
-            dummy = RequestState("__warmup__", [0] * num_tokens, 1, (),
-                                 sampling=_greedy_params())
-            dummy.block_ids = self.allocator.allocate(1)
+            dummy = RequestState("__warmup__", [0] * num_tokens, 1, (), sampling=_greedy_params())
+            blocks = self.scheduler.blocks
+            if not blocks.grow(dummy, num_tokens):
+                return
             try:
                 self.runner.step(ScheduledBatch([ScheduledRequest(dummy, 0, num_tokens, True)], []))
             finally:
-                self.allocator.free(dummy.block_ids)
+                blocks.release(dummy)
 
     def release(self) -> None:
         self.runner.cache.release()
@@ -239,6 +249,21 @@ class EngineLoop:
         for request in pending:
             request.fail(message)
             self.router.deliver(request.to_output())
+
+
+def _adjust_for_sliding(config: ContinuousBatchingConfig, sliding_window: int | None,
+                        hybrid: bool) -> ContinuousBatchingConfig:
+    """Sliding layers recycle pages, so their blocks cannot be shared by prefix; hybrid
+    models keep two pools, which CPU offload does not handle yet."""
+    if sliding_window is None:
+        return config
+    if config.allow_block_sharing:
+        logger.info("prefix caching off: the model has sliding-window layers")
+        config = config.replace(allow_block_sharing=False)
+    if hybrid and config.cpu_offload_space != 0:
+        logger.info("CPU offload off: hybrid sliding-window models are preempted by recompute")
+        config = config.replace(cpu_offload_space=0.0)
+    return config
 
 
 def _greedy_params():

@@ -33,6 +33,9 @@ class RequestState:
     the scheduler lets it catch up with `num_tokens`: the gap is a prompt (or a chunk
     of it) on the first steps, then the one token sampled last step."""
     block_ids: list[int] = field(default_factory=list)
+    sliding_block_ids: list[int | None] = field(default_factory=list)
+    """Blocks of the sliding-window layers (hybrid models), indexed like `block_ids`;
+    None where the page fell out of the window and was recycled."""
     block_hashes: list[bytes] = field(default_factory=list)
     """Content hashes of the full blocks of `prompt_ids + generated_tokens` computed so
     far (prefix caching); they stay valid across preemption since tokens never change."""

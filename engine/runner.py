@@ -23,10 +23,15 @@ class ModelRunner:
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
         self.sliding_window = getattr(model, "sliding_window", None)
+        layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
+        self.sliding_pool = bool(sizing.num_sliding_blocks)
+        layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
+                            else sizing.num_blocks for sliding in layer_is_sliding]
         self.cache = PagedKVCache(
             num_layers=len(model.layers), num_blocks=sizing.num_blocks,
             page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim, dtype=self.dtype, device=self.device)
+            head_dim=model.head_dim, dtype=self.dtype, device=self.device,
+            layer_num_blocks=layer_num_blocks)
         self.offload_cache = None
         if num_offload_blocks:
             self.offload_cache = PagedKVCache(
@@ -42,7 +47,8 @@ class ModelRunner:
         if batch.swap_out or batch.swap_in:
             copy_blocks(self.cache, self.offload_cache, list(batch.swap_out))
             copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
-        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window)
+        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
+                                   _sliding_blocks if self.sliding_pool else None)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         requests = [batch.entries[i].request for i in inputs.sampling_entries]
         if not requests:
@@ -53,6 +59,11 @@ class ModelRunner:
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
-        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window)
+        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
+                                   _sliding_blocks if self.sliding_pool else None)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         return self.model.compute_logits(hidden)
+
+
+def _sliding_blocks(request: RequestState) -> list[int | None]:
+    return request.sliding_block_ids

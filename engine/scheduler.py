@@ -67,11 +67,14 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, page_size: int, max_batch_tokens: int,
                  max_requests_per_batch: int, safety_margin: float, policy: str = "fifo",
-                 offload_allocator: BlockAllocator | None = None) -> None:
+                 offload_allocator: BlockAllocator | None = None,
+                 sliding_allocator: BlockAllocator | None = None,
+                 sliding_window: int | None = None) -> None:
         if policy not in SCHEDULER_MAPPING:
             raise ValueError(f"unknown scheduler policy {policy!r}")
         self.allocator = allocator
-        self.blocks = BlockManager(allocator, page_size, offload_allocator)
+        self.blocks = BlockManager(allocator, page_size, offload_allocator,
+                                   sliding_allocator, sliding_window)
         self.page_size = page_size
         self.max_batch_tokens = max_batch_tokens
         self.max_requests_per_batch = max_requests_per_batch
@@ -116,6 +119,9 @@ class Scheduler:
         self.allocator.check_invariants([r.block_ids for r in requests])
         if self.blocks.offload_allocator is not None:
             self.blocks.offload_allocator.check_invariants(self.blocks.pool_holders(requests))
+        if self.blocks.sliding_allocator is not None:
+            self.blocks.sliding_allocator.check_invariants(
+                [[b for b in r.sliding_block_ids if b is not None] for r in requests])
 
     # -- one step --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:

@@ -3,7 +3,9 @@ blocks hold a known prefix (prefix caching). Pure Python (no torch).
 
 A block is one page of `page_size` token slots in every layer. Reference counts let
 several requests hold one block. A block nobody holds is either
-- free: never hashed or already evicted (a FIFO `_free` list), or
+- free: never hashed or already evicted (`_free`, last freed = first reused, so a
+  small working set of blocks stays hot in memory and unused pages are never touched),
+  or
 - cached: it still holds the K/V of a full block with a known content hash, kept in
   `_evictable` (least recently released first) so a later request with the same prefix
   can take it back without recomputing it.
@@ -87,7 +89,7 @@ class BlockAllocator:
                 if block_id in self._hash_of_block:
                     self._evictable[block_id] = None
                 else:
-                    self._free.append(block_id)
+                    self._free.appendleft(block_id)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]

@@ -3,6 +3,9 @@
 It turns scheduler decisions into block operations on the allocator:
 - `grow`: give a request the blocks its next tokens need;
 - prefix caching: `take_cached_prefix` on admission, `register_full_blocks` as blocks fill;
+- sliding windows (hybrid models): sliding layers have their own block pool; a request
+  holds `sliding_block_ids` only for the pages its window still covers, and `grow`
+  recycles the pages that fell out of the window (their entry becomes None);
 - CPU offload: `offload` copies a preempted request's computed blocks to a CPU pool
   (a second allocator over the pool's slots) and `restore` brings them back, so the
   request resumes without recomputing anything. The copies themselves are done by the
@@ -23,10 +26,14 @@ def blocks_needed(num_tokens: int, page_size: int) -> int:
 
 class BlockManager:
     def __init__(self, allocator: BlockAllocator, page_size: int,
-                 offload_allocator: BlockAllocator | None = None) -> None:
+                 offload_allocator: BlockAllocator | None = None,
+                 sliding_allocator: BlockAllocator | None = None,
+                 sliding_window: int | None = None) -> None:
         self.allocator = allocator
         self.page_size = page_size
         self.offload_allocator = offload_allocator
+        self.sliding_allocator = sliding_allocator
+        self.sliding_window = sliding_window if sliding_allocator is not None else None
         self.swap_out: list[tuple[list[int], list[int]]] = []   # (device blocks, pool slots)
         self.swap_in: list[tuple[list[int], list[int]]] = []    # (pool slots, device blocks)
         self._pool_slots_to_free: list[int] = []
@@ -37,13 +44,31 @@ class BlockManager:
 
     def grow(self, request: RequestState, end: int) -> bool:
         """Give `request` enough blocks to hold `end` tokens; False if none are left."""
-        missing = blocks_needed(end, self.page_size) - len(request.block_ids)
-        if missing <= 0:
-            return True
+        needed = blocks_needed(end, self.page_size)
+        missing = needed - len(request.block_ids)
+        missing_sliding = 0
+        if self.sliding_allocator is not None:
+            self._recycle_out_of_window(request)
+            missing_sliding = needed - len(request.sliding_block_ids)
+            if not self.sliding_allocator.can_allocate(missing_sliding):
+                return False
         if not self.allocator.can_allocate(missing):
             return False
-        request.block_ids.extend(self.allocator.allocate(missing))
+        if missing > 0:
+            request.block_ids.extend(self.allocator.allocate(missing))
+        if missing_sliding > 0:
+            request.sliding_block_ids.extend(self.sliding_allocator.allocate(missing_sliding))
         return True
+
+    def _recycle_out_of_window(self, request: RequestState) -> None:
+        """Free the sliding pages no future query can see: the next query sits at
+        `num_computed_tokens` and sees keys after num_computed_tokens - window."""
+        first_key = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        blocks = request.sliding_block_ids
+        for index in range(min(first_key // self.page_size, len(blocks))):
+            if blocks[index] is not None:
+                self.sliding_allocator.free([blocks[index]])
+                blocks[index] = None
 
     def release(self, request: RequestState) -> None:
         """Free the request's device blocks (tail first, so a cached prefix's end is
@@ -51,6 +76,9 @@ class BlockManager:
         self.allocator.free(reversed(request.block_ids))
         request.block_ids = []
         request.num_registered_blocks = 0
+        if request.sliding_block_ids:
+            self.sliding_allocator.free(b for b in request.sliding_block_ids if b is not None)
+            request.sliding_block_ids = []
 
     def drop(self, request: RequestState) -> None:
         """The request is gone: free its device blocks and any offloaded copy."""

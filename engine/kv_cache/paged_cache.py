@@ -5,8 +5,11 @@
 
 Block b of every layer together is "block b": the allocator hands out block ids, and a
 request's token at position p lives at page offset p % page_size of block
-block_ids[p // page_size] in every layer. Tensors are zero-filled (never read as
-garbage through a padding slot; on CPU, untouched zero pages cost no RAM).
+block_ids[p // page_size] in every layer.
+
+Tensors are left uninitialised (on a CPU host, pages never touched cost no RAM); only
+block 0 is zeroed, since padded decode contexts point at slot 0 and a masked-out
+padding value must never be NaN. Every other slot is written before it is read.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, layer_num_blocks: list[int] | None = None) -> None:
+        """`layer_num_blocks` gives layers of a separate pool (sliding-window layers of
+        hybrid models) their own block count; by default every layer has num_blocks."""
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.page_size = page_size
@@ -25,12 +30,16 @@ class PagedKVCache:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = device
-        shape = (num_blocks, page_size, num_kv_heads, head_dim)
-        def make() -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        counts = layer_num_blocks or [num_blocks] * num_layers
 
-        self.key_caches = [make() for _ in range(num_layers)]
-        self.value_caches = [make() for _ in range(num_layers)]
+        def make(count: int) -> torch.Tensor:
+            tensor = torch.empty((count, page_size, num_kv_heads, head_dim), dtype=dtype,
+                                 device=device, pin_memory=pin_memory)
+            tensor[0].zero_()
+            return tensor
+
+        self.key_caches = [make(count) for count in counts]
+        self.value_caches = [make(count) for count in counts]
 
     @staticmethod
     def bytes_per_block(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
@@ -40,8 +49,7 @@ class PagedKVCache:
 
     @property
     def num_bytes(self) -> int:
-        return self.num_blocks * self.bytes_per_block(
-            self.num_layers, self.page_size, self.num_kv_heads, self.head_dim, self.dtype)
+        return sum(t.numel() * t.element_size() for t in self.key_caches + self.value_caches)
 
     def release(self) -> None:
         """Drop the tensors (the manager's destroy)."""

@@ -37,6 +37,8 @@ class CacheSizing:
     max_batch_tokens: int
     max_requests_per_batch: int
     block_bytes: int
+    num_sliding_blocks: int = 0
+    """Blocks of the sliding-window layers' own pool (hybrid models only)."""
 
     @property
     def max_cached_tokens(self) -> int:
@@ -53,9 +55,14 @@ def free_memory_bytes(device: torch.device) -> int:
 def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_heads: int,
                    head_dim: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
                    device: torch.device, logit_processing: bool,
-                   num_submitted: int | None = None) -> CacheSizing:
+                   num_submitted: int | None = None, num_sliding_layers: int = 0,
+                   sliding_window: int | None = None) -> CacheSizing:
+    """`num_sliding_layers` > 0 (and fewer than `num_layers`) gives those layers a pool
+    of their own: enough for every request's window, within their share of memory."""
     page_size = config.page_size
-    block_bytes = PagedKVCache.bytes_per_block(num_layers, page_size, num_kv_heads, head_dim, dtype)
+    num_full_layers = num_layers - num_sliding_layers
+    block_bytes = PagedKVCache.bytes_per_block(num_full_layers, page_size, num_kv_heads,
+                                               head_dim, dtype)
     budget = free_memory_bytes(device) * config.resolved_memory_percent(logit_processing)
     if device.type == "cpu" and config.max_memory_percent is None:
         budget = min(budget, CPU_DEFAULT_KV_CACHE_BYTES)
@@ -67,9 +74,20 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
         fitted = int(budget * 0.1 // activation_bytes_per_token)
         max_batch_tokens = max(MIN_MAX_BATCH_TOKENS, min(DEFAULT_MAX_BATCH_TOKENS, fitted))
 
+    kv_budget = budget - max_batch_tokens * activation_bytes_per_token
+    num_sliding_blocks = 0
+    if sliding_window is not None and 0 < num_sliding_layers < num_layers:
+        sliding_block_bytes = PagedKVCache.bytes_per_block(
+            num_sliding_layers, page_size, num_kv_heads, head_dim, dtype)
+        per_request = -(-(sliding_window - 1) // page_size) + 1
+        floor = -(-(sliding_window - 1 + max_batch_tokens) // page_size) + 1
+        wanted = (config.max_requests_per_batch or num_submitted or 256) * per_request + floor
+        share = kv_budget * num_sliding_layers / num_layers
+        num_sliding_blocks = max(floor, min(wanted, int(share // sliding_block_bytes)))
+        kv_budget -= num_sliding_blocks * sliding_block_bytes
+
     num_blocks = config.num_blocks
     if num_blocks is None:
-        kv_budget = budget - max_batch_tokens * activation_bytes_per_token
         num_blocks = max(1, int(kv_budget // block_bytes))
 
     max_requests = config.max_requests_per_batch
@@ -78,7 +96,8 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
         max_requests = max(1, min(max_requests, max_batch_tokens, num_blocks))
     return CacheSizing(num_blocks=num_blocks, page_size=page_size,
                        max_batch_tokens=max_batch_tokens,
-                       max_requests_per_batch=max_requests, block_bytes=block_bytes)
+                       max_requests_per_batch=max_requests, block_bytes=block_bytes,
+                       num_sliding_blocks=num_sliding_blocks)
 
 
 def offload_num_blocks(config: ContinuousBatchingConfig, sizing: CacheSizing) -> int:

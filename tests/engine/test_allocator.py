@@ -3,16 +3,16 @@ import pytest
 from engine.kv_cache.allocator import BlockAllocator, OutOfBlocksError
 
 
-def test_allocates_in_order_and_reuses_freed_blocks_fifo():
+def test_allocates_in_order_and_reuses_the_last_freed_blocks_first():
     allocator = BlockAllocator(6)
     first = allocator.allocate(2)
     second = allocator.allocate(3)
     assert first == [0, 1] and second == [2, 3, 4]
-    allocator.free(first)
+    allocator.free(reversed(first))                # requests free tail first
     assert allocator.num_free_blocks == 3
-    # block 5 was never used; 0 and 1 come back after it, in release order
-    assert allocator.allocate(3) == [5, 0, 1]
-    allocator.check_invariants([second, [5, 0, 1]])
+    # 0 and 1 (already touched) are reused before block 5, which was never used
+    assert allocator.allocate(3) == [0, 1, 5]
+    allocator.check_invariants([second, [0, 1, 5]])
 
 
 def test_allocate_is_all_or_nothing():

@@ -1,0 +1,104 @@
+"""Sliding-window models: tiny random Gemma 3 (hybrid sliding/full layers) and Mistral
+(all layers sliding) match transformers with prompts longer than the window, and the
+sliding layers' pool recycles pages that fell out of the window."""
+
+import pytest
+import torch
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+
+from tests.helpers import random_prompts, reference_greedy
+
+WINDOW = 7
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(
+        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        max_position_embeddings=256, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    reference = Gemma3ForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    reference.save_pretrained(path)
+    return load_model(path, progress=False), reference
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(6)
+    config = MistralConfig(vocab_size=211, hidden_size=48, intermediate_size=80,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=WINDOW, max_position_embeddings=256)
+    reference = MistralForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-mistral")
+    reference.save_pretrained(path)
+    return load_model(path, progress=False), reference
+
+
+@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+def test_logits_match_beyond_the_window(request, name):
+    model, reference = request.getfixturevalue(name)
+    ids = random_prompts(1, 30, 30, seed=31)[0]
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(model.prompt_logits(ids, page_size=4), want, atol=1e-5, rtol=1e-4)
+
+
+def run(model, prompts, **config):
+    outputs = model.generate_batch(
+        prompts, GenerationConfig(max_new_tokens=12, eos_token_id=[]),
+        ContinuousBatchingConfig(page_size=4, **config), persistent_manager=True, warmup=False)
+    manager = model._cached_manager
+    manager.check_invariants()
+    stats = manager.stats()
+    manager.destroy()
+    return [o.generated_tokens for o in outputs.values()], stats
+
+
+@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+@pytest.mark.parametrize("config", [
+    {}, {"max_batch_tokens": 8}, {"max_batch_tokens": 32, "num_blocks": 14},
+], ids=["default", "chunked", "preempted"])
+def test_greedy_matches_transformers(request, name, config):
+    model, reference = request.getfixturevalue(name)
+    prompts = random_prompts(8, 1, 30, seed=32)
+    generated, stats = run(model, prompts, **config)
+    assert generated == [reference_greedy(reference, p, 12) for p in prompts]
+    assert stats["prefix_cache_queries"] == 0            # prefix caching is off here
+    if "num_blocks" in config:
+        assert stats["num_preemptions"] > 0
+
+
+def test_sliding_pool_recycles_pages_out_of_the_window(gemma3):
+    model, reference = gemma3
+    prompt = random_prompts(1, 20, 20, seed=33)[0]
+    manager = model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=60, eos_token_id=[]),
+        ContinuousBatchingConfig(page_size=4, num_blocks=64, max_batch_tokens=8))
+    manager.start()
+    request_id = manager.add_request(prompt, streaming=True)
+    most_sliding_used, most_full_used = 0, 0
+    for output in manager.request_id_iter(request_id):
+        stats = manager.stats()
+        most_sliding_used = max(most_sliding_used,
+                                stats["num_sliding_blocks"] - stats["num_free_sliding_blocks"])
+        most_full_used = max(most_full_used, stats["num_blocks"] - stats["num_free_blocks"])
+    assert output.generated_tokens == reference_greedy(reference, prompt, 60)
+    # the window (7 keys) plus a chunk of 8 spans at most 5 pages of 4; the full
+    # layers hold all 80 positions (20 pages)
+    assert most_sliding_used <= 5
+    assert most_full_used == 20
+    manager.stop()
+    manager.check_invariants()
+    stats = manager.stats()
+    assert stats["num_free_sliding_blocks"] == stats["num_sliding_blocks"]
+    manager.destroy()
