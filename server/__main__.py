@@ -1,0 +1,39 @@
+"""`python -m server ...`: parse settings, load the model, serve until interrupted.
+
+The model is loaded before uvicorn starts, so a bad setting or an unloadable model
+ends the process with one clear line and a non-zero status instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .cli import parse_settings
+from .settings import SettingsError
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"kvserve: {exc}", file=sys.stderr)
+        return 2
+    # Imported late: `--help` and setting errors stay instant.
+    import uvicorn
+
+    from .app import create_app, load_engine_model
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    try:
+        model = load_engine_model(settings)
+    except Exception as exc:  # any loader failure: missing file, offline hub, bad weights
+        print(f"kvserve: cannot load model {settings.model!r}: {exc}", file=sys.stderr)
+        return 1
+    uvicorn.run(create_app(settings, model), host=settings.host, port=settings.port,
+                log_level=settings.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

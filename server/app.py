@@ -1,0 +1,81 @@
+"""The FastAPI application and its lifespan.
+
+    startup:   load the model (in a worker thread: it takes seconds) -> build the
+               manager from the settings' engine knobs -> start the engine thread
+               -> publish a ServingState on app.state.serving
+    serving:   routes.py
+    shutdown:  hard-stop the engine (uvicorn has already drained open connections
+               for its graceful-shutdown period), then free the cache
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from .async_engine import AsyncEngine
+from .errors import install_error_handlers
+from .routes import api, public
+from .settings import ServerSettings
+from .state import build_state
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_engine_model(settings: ServerSettings) -> Any:
+    from engine import load_model
+
+    model = load_model(settings.model, dtype=settings.dtype,
+                       device=resolve_device(settings.device), progress=False)
+    if model.tokenizer is None:
+        raise RuntimeError(f"model {settings.model!r} has no tokenizer; the server needs one")
+    return model
+
+
+def start_engine(settings: ServerSettings, model: Any) -> AsyncEngine:
+    # The server sends per-request sampling parameters, hence per_request_processors.
+    cb_config = settings.continuous_batching_config().replace(per_request_processors=True)
+    manager = model.init_continuous_batching(generation_config=model.generation_config,
+                                             continuous_batching_config=cb_config)
+    engine = AsyncEngine(manager)
+    engine.start()
+    return engine
+
+
+def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
+    """The server for `settings`. `model` may be an already loaded EngineModel (the
+    app then starts its own manager on it); otherwise the lifespan loads one."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = model if model is not None else await asyncio.to_thread(load_engine_model, settings)
+        engine = start_engine(settings, loaded)
+        app.state.serving = build_state(settings, loaded, engine)
+        logger.info("serving %s as %r (max_model_len %d tokens)", settings.model,
+                    settings.model_name, app.state.serving.max_model_len)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="kvserve", version="0.1.0", lifespan=lifespan)
+    if settings.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
+                           allow_methods=["*"], allow_headers=["*"])
+    install_error_handlers(app)
+    app.include_router(api)
+    app.include_router(public)
+    return app

@@ -1,0 +1,143 @@
+"""AsyncEngine: the asyncio face of the ContinuousBatchingManager.
+
+The manager runs its own thread; the server runs an asyncio loop. They meet in one
+`asyncio.Queue` per request:
+
+    submit():   queue = asyncio.Queue()
+                manager.register_result_handler(rid, queue.put_nowait)   # first, so no
+                manager.add_request(prompt, rid, ...)                    # output is lost
+    engine thread:  loop.call_soon_threadsafe(queue.put_nowait, output)  # per token, or once
+    RequestStream:  await queue.get() ... until the output is finished
+
+Whoever stops listening early (a client disconnect, a stop string, an error) calls
+`RequestStream.cancel()`, which tells the engine to drop the request and free its KV
+blocks. `submit` is synchronous on purpose: every way the engine can refuse a request
+surfaces before an HTTP response (or SSE stream) has started, as a proper 4xx/503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine.errors import (InvalidRequestError, ManagerStoppedError, QueueFullError,
+                           RequestTooLongError)
+from engine.outputs import GenerationOutput, RequestStatus
+
+from .errors import OpenAIError, bad_request
+
+# How often a waiting stream checks that the engine thread is still alive, so that a
+# dead engine gives a 5xx instead of a request that hangs forever.
+LIVENESS_POLL_S = 1.0
+
+
+class EngineDeadError(OpenAIError):
+    """The engine thread stopped while a request was waiting for output."""
+
+    def __init__(self) -> None:
+        super().__init__("The engine stopped while generating; try again later.",
+                         status_code=503, code="engine_stopped")
+
+
+class RequestStream:
+    """The outputs of one engine request, as an async iterator.
+
+    Yields each GenerationOutput; the last one has `is_finished()` true. A FAILED
+    output is yielded like any other (failures are data here; the consumer checks
+    `status`). Only a dead engine thread raises, as EngineDeadError.
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_id: str,
+                 queue: asyncio.Queue[GenerationOutput]) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self.finished = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> GenerationOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        output = await self._next_output()
+        if output.is_finished():
+            self.finished = True
+        return output
+
+    async def _next_output(self) -> GenerationOutput:
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        while True:
+            try:
+                return await asyncio.wait_for(self._queue.get(), LIVENESS_POLL_S)
+            except asyncio.TimeoutError:
+                if not self._queue.empty():  # delivered just before the thread ended
+                    return self._queue.get_nowait()
+                if not self._engine.is_running():
+                    self.finished = True
+                    raise EngineDeadError() from None
+
+    def cancel(self) -> None:
+        """Drop the request in the engine if it is still running. Idempotent."""
+        if not self.finished:
+            self.finished = True
+            self._engine.manager.cancel_request(self.request_id)
+
+
+class AsyncEngine:
+    """Owns the manager for the server's lifetime: start, submit, cancel, stop."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def start(self) -> None:
+        self.manager.start()
+
+    def stop(self, timeout: float | None = 10.0, hard: bool = False) -> None:
+        """Stop accepting requests and end the engine thread: after the running ones
+        finish, or at once when `hard` (they then end as FAILED)."""
+        if self.manager.is_running():
+            self.manager.stop(block=True, timeout=timeout, hard_stop=hard)
+
+    def shutdown(self) -> None:
+        """Hard stop, then free the KV cache. The manager cannot restart afterwards."""
+        self.stop(hard=True)
+        self.manager.destroy()
+
+    def is_running(self) -> bool:
+        return self.manager.is_running()
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.manager.stats())
+
+    def submit(self, request_id: str, prompt_ids: list[int], *, max_new_tokens: int,
+               streaming: bool, eos_token_id: list[int],
+               sampling: dict[str, Any]) -> RequestStream:
+        """Queue one request; must run on the event loop thread (the handler is bound
+        to the running loop). Raises OpenAIError when the engine refuses it."""
+        queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        self.manager.register_result_handler(request_id, queue.put_nowait)
+        try:
+            accepted = self.manager.add_request(
+                prompt_ids, request_id=request_id, max_new_tokens=max_new_tokens,
+                streaming=streaming, eos_token_id=eos_token_id, **sampling)
+        except RequestTooLongError as exc:
+            self.manager.cancel_request(request_id)
+            raise bad_request(str(exc), param="max_tokens", code="context_length_exceeded") from None
+        except InvalidRequestError as exc:
+            self.manager.cancel_request(request_id)
+            raise bad_request(str(exc), code="invalid_value") from None
+        except (QueueFullError, ManagerStoppedError) as exc:
+            self.manager.cancel_request(request_id)
+            raise OpenAIError(f"The server is overloaded or shutting down: {exc}",
+                              status_code=503, code="server_busy") from None
+        if accepted is None:  # the manager logs and refuses once it has been stopped
+            self.manager.cancel_request(request_id)
+            raise OpenAIError("The server is shutting down.", status_code=503,
+                              code="server_busy")
+        return RequestStream(self, request_id, queue)
+
+
+def is_failed(output: GenerationOutput) -> bool:
+    return output.status == RequestStatus.FAILED

@@ -1,0 +1,66 @@
+"""Command line of `python -m server`: flags mirror the settings one to one.
+
+    python -m server --model smollm2-135m-instruct --port 8000 --page-size 32
+
+Every flag defaults to None ("not given") so that only flags actually typed override
+the config file; the real defaults live in `ServerSettings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .settings import ServerSettings, build_settings, read_config_file
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="OpenAI-compatible HTTP server over the kvserve engine.",
+        argument_default=None)
+    add = parser.add_argument
+    add("--config", help="YAML file of settings (see configs/default.yaml)")
+    add("--model", help="model: built-in name, HF directory, GGUF file or hub id")
+    add("--served-model-name", help="name clients send as `model` (default: --model)")
+    add("--host", help="address to bind (default 127.0.0.1)")
+    add("--port", type=int, help="port to bind (default 8000)")
+    add("--api-key", help="require `Authorization: Bearer KEY` on every request")
+    add("--dtype", help="weights dtype: auto, float32, bfloat16, float16")
+    add("--device", help="auto, cpu, cuda or cuda:N")
+    add("--max-request-bytes", type=int, help="largest request body accepted")
+    add("--log-level", help="critical, error, warning, info or debug")
+    add("--cors-allow-origins", nargs="+", metavar="ORIGIN",
+        help="browser origins allowed to call the API ('*' for any)")
+    engine = parser.add_argument_group("engine", "continuous batching (default: engine's choice)")
+    engine.add_argument("--page-size", type=int, help="tokens per KV page")
+    engine.add_argument("--max-batch-tokens", type=int, help="token budget of one forward pass")
+    engine.add_argument("--num-blocks", type=int, help="number of KV cache blocks")
+    engine.add_argument("--max-memory-percent", type=float,
+                        help="share of free memory for the KV cache, in (0, 1]")
+    engine.add_argument("--max-requests-per-batch", type=int, help="cap on requests per step")
+    engine.add_argument("--scheduler", help="fifo or prefill_first")
+    engine.add_argument("--allow-block-sharing", type=_bool, help="prefix caching (true/false)")
+    engine.add_argument("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> ServerSettings:
+    """Flags (and the file named by --config) -> validated settings.
+
+    Raises SettingsError naming the bad field; argparse itself exits on a malformed
+    flag value such as `--port abc`.
+    """
+    args: dict[str, Any] = vars(build_parser().parse_args(argv))
+    config_path = args.pop("config")
+    file_values = read_config_file(config_path) if config_path else {}
+    return build_settings(file_values, args)

@@ -1,0 +1,78 @@
+"""Incremental detokenization: token ids in, text pieces out, never broken UTF-8.
+
+Decoding one token at a time does not work: a byte-level BPE token may hold half of
+a multi-byte character (the emoji "🙂" can be two tokens), and SentencePiece tokens
+decode differently at the start of a string than after other text. So, as vLLM and
+TGI do, we decode a small window and emit only the difference:
+
+    ids:      ... p p p | r r | n          (p = already emitted, before prefix_offset..
+                 ^prefix_offset  ^read_offset                 read_offset = last emission)
+
+    prefix_text = decode(ids[prefix_offset:read_offset])
+    full_text   = decode(ids[prefix_offset:])
+    new piece   = full_text[len(prefix_text):]
+
+If the new piece ends in U+FFFD the last token stopped mid-character: emit nothing and
+wait for the next token, which completes the character. `flush()` at the end emits
+whatever is left, even an incomplete character (as U+FFFD).
+
+The window starts with the last few prompt tokens, so the first generated token is
+decoded in context (its leading space survives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"
+PROMPT_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of generated token ids into text, piece by piece."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int] | None = None,
+                 skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        context = list(prompt_ids or [])[-PROMPT_CONTEXT_TOKENS:]
+        self._ids: list[int] = context
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special,
+                                      clean_up_tokenization_spaces=False)
+
+    def _new_piece(self, final: bool) -> str:
+        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset:])
+        if len(full_text) <= len(prefix_text):
+            return ""
+        if full_text.endswith(REPLACEMENT_CHAR) and not final:
+            return ""  # mid-character: wait for the bytes that complete it
+        piece = full_text[len(prefix_text):]
+        # Slide the window: what was read becomes context, and drop older ids.
+        self._ids = self._ids[self._read_offset:] if not final else []
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        return piece
+
+    def add(self, token_id: int) -> str:
+        """Append one generated token; return the text it completes (maybe "")."""
+        self._ids.append(token_id)
+        return self._new_piece(final=False)
+
+    def flush(self) -> str:
+        """Return text still held back (an unfinished character shows as U+FFFD)."""
+        if self._read_offset == len(self._ids):
+            return ""
+        return self._new_piece(final=True)
+
+
+def decode_all(tokenizer: Any, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    """The text of a complete token list, decoded the way the streams decode it."""
+    detokenizer = IncrementalDetokenizer(tokenizer, None, skip_special_tokens)
+    pieces = [detokenizer.add(t) for t in token_ids]
+    pieces.append(detokenizer.flush())
+    return "".join(pieces)

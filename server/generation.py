@@ -1,0 +1,158 @@
+"""Running the choices of one HTTP request on the engine.
+
+An HTTP request becomes `len(prompts) * n` engine requests ("choices"), all submitted
+before the response starts so that any refusal is still a JSON error. Their deltas
+are then merged into one async stream of `(choice_index, ChoiceDelta)`, which both
+the SSE writer and the non-streaming collector consume:
+
+    submit_choices()  ->  [Choice, ...]          every engine request queued (or 4xx)
+    merge_deltas()    ->  (index, delta), ...    in arrival order, across choices
+    (on exit, early or not: every unfinished engine request is cancelled)
+
+A client that goes away mid-request must not leave work running: SSE responses are
+cancelled by sse-starlette when the client disconnects; non-streaming ones race the
+work against `wait_for_disconnect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from fastapi import Request
+
+from .async_engine import RequestStream, is_failed
+from .choice_decoder import ChoiceDecoder, ChoiceDelta
+from .errors import OpenAIError
+from .sampling import GenerationPlan
+from .state import ServingState
+
+T = TypeVar("T")
+
+
+class GenerationFailed(OpenAIError):
+    """The engine reported a failed request (after it had been accepted)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"Generation failed: {message}", status_code=500,
+                         type="server_error", code="generation_failed")
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    stream: RequestStream
+    decoder: ChoiceDecoder
+
+
+def submit_choices(state: ServingState, response_id: str, prompts: list[list[int]],
+                   plan: GenerationPlan) -> list[Choice]:
+    """Queue n engine requests per prompt; on any refusal cancel those already queued."""
+    choices: list[Choice] = []
+    try:
+        for prompt_index, prompt_ids in enumerate(prompts):
+            max_new_tokens = plan.max_new_tokens(len(prompt_ids), state.max_model_len)
+            for i in range(plan.n):
+                index = prompt_index * plan.n + i
+                stream = state.engine.submit(
+                    f"{response_id}-{index}", prompt_ids, max_new_tokens=max_new_tokens,
+                    streaming=plan.engine_streaming, eos_token_id=plan.eos_token_ids,
+                    sampling=plan.sampling_for_choice(index))
+                decoder = ChoiceDecoder(state.tokenizer, prompt_ids, plan.stop_strings,
+                                        plan.eos_token_ids, want_logprobs=plan.logprobs)
+                choices.append(Choice(index, prompt_index, prompt_ids, stream, decoder))
+    except BaseException:
+        cancel_all(choices)
+        raise
+    return choices
+
+
+def cancel_all(choices: list[Choice]) -> None:
+    for choice in choices:
+        choice.stream.cancel()
+
+
+async def _choice_deltas(choice: Choice) -> AsyncIterator[ChoiceDelta]:
+    async for output in choice.stream:
+        if is_failed(output):
+            raise GenerationFailed(output.error or "unknown engine error")
+        delta = choice.decoder.step(output)
+        if not delta.is_empty():
+            yield delta
+        if delta.finish_reason is not None:
+            choice.stream.cancel()  # a stop string ended it early; no-op otherwise
+            return
+
+
+async def merge_deltas(choices: list[Choice]) -> AsyncIterator[tuple[int, ChoiceDelta]]:
+    """All choices' deltas as they come. Leaving the loop early (error, disconnect,
+    consumer stops) cancels the pumps and every unfinished engine request."""
+    queue: asyncio.Queue[tuple[int, ChoiceDelta | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for delta in _choice_deltas(choice):
+                queue.put_nowait((choice.index, delta, None))
+            queue.put_nowait((choice.index, None, None))
+        except Exception as exc:  # handed to the consumer, re-raised there
+            queue.put_nowait((choice.index, None, exc))
+
+    tasks = [asyncio.create_task(pump(choice)) for choice in choices]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, delta, error = await queue.get()
+            if error is not None:
+                raise error
+            if delta is None:
+                remaining -= 1
+                continue
+            yield index, delta
+    finally:
+        for task in tasks:
+            task.cancel()
+        cancel_all(choices)
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return once the client has closed the connection (the body is already read,
+    so the only message left to receive is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but cancel it (raising ClientDisconnected) if the client leaves."""
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work_task
+    if work_task.cancelled():
+        raise ClientDisconnected()
+    return work_task.result()
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,1 @@
+"""Request schemas of the HTTP API (pydantic lives only here, at the edge)."""

@@ -1,0 +1,105 @@
+"""The HTTP routes. Generation lives in serving_chat.py / serving_completions.py;
+the small endpoints (models, health, tokenize, detokenize) are answered here.
+
+All routes but /health require the API key when one is configured:
+`Authorization: Bearer <key>` (what the OpenAI SDK sends for `api_key=`).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from .body import parse_request
+from .detokenizer import decode_all
+from .errors import OpenAIError
+from .prompts import check_token_ids, encode_text, render_chat
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from .serving_chat import create_chat_completion
+from .serving_completions import create_completion
+from .state import ServingState
+
+
+def serving_state(request: Request) -> ServingState:
+    return request.app.state.serving
+
+
+def require_api_key(request: Request) -> None:
+    expected = serving_state(request).settings.api_key
+    if expected is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), expected):
+        raise OpenAIError("Incorrect or missing API key. Send 'Authorization: Bearer <key>'.",
+                          status_code=401, code="invalid_api_key")
+
+
+api = APIRouter(dependencies=[Depends(require_api_key)])
+public = APIRouter()
+
+
+@api.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await create_chat_completion(request, serving_state(request))
+
+
+@api.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await create_completion(request, serving_state(request))
+
+
+def _model_card(state: ServingState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created,
+            "owned_by": "kvserve", "root": state.settings.model,
+            "max_model_len": state.max_model_len}
+
+
+@api.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": [_model_card(serving_state(request))]})
+
+
+@api.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> JSONResponse:
+    state = serving_state(request)
+    state.check_model(model_id)
+    return JSONResponse(_model_card(state))
+
+
+@public.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the engine thread runs (with its queue sizes), 503 once it is gone."""
+    state = serving_state(request)
+    if not state.engine.is_running():
+        error = OpenAIError("The engine is not running.", status_code=503,
+                            code="engine_stopped")
+        return error.to_response()
+    return JSONResponse({"status": "ok", **state.engine.stats()})
+
+
+@api.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    state = serving_state(request)
+    body = await parse_request(request, TokenizeRequest, state.settings.max_request_bytes)
+    state.check_model(body.model)
+    if body.messages is not None:
+        add_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
+        tokens = render_chat(state.tokenizer, body.messages, add_generation_prompt=add_prompt)
+    else:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        tokens = encode_text(state.tokenizer, body.prompt, add_special_tokens=add_special)
+    return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len,
+                         "tokens": tokens})
+
+
+@api.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    state = serving_state(request)
+    body = await parse_request(request, DetokenizeRequest, state.settings.max_request_bytes)
+    state.check_model(body.model)
+    check_token_ids(body.tokens, state.vocab_size, param="tokens")
+    return JSONResponse({"prompt": decode_all(state.tokenizer, body.tokens,
+                                              skip_special_tokens=False)})

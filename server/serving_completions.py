@@ -1,0 +1,118 @@
+"""POST /v1/completions (the legacy text completion API).
+
+Each of the P prompts gets n choices, numbered prompt-major: choice `p * n + i` is the
+i-th sample of prompt p. `echo` puts the prompt text in front of the completion
+(in the first streamed chunk of each choice). `logprobs: k` returns the sampled
+tokens' logprobs and the k most likely alternatives per position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from .body import parse_request
+from .detokenizer import decode_all
+from .generation import (Choice, ClientDisconnected, cancel_all, merge_deltas, new_id,
+                         run_until_disconnect, submit_choices, usage)
+from .logprobs import CompletionLogprobs, merge_completion_logprobs
+from .prompts import completion_prompt_ids
+from .protocol.completions import CompletionRequest
+from .sampling import GenerationPlan, build_plan
+from .sse import DONE, event, sse_response
+from .state import ServingState
+
+# OpenAI's default completion length for this endpoint.
+DEFAULT_MAX_TOKENS = 16
+
+
+async def create_completion(request: Request, state: ServingState) -> Response:
+    body = await parse_request(request, CompletionRequest, state.settings.max_request_bytes)
+    model_name = state.check_model(body.model)
+    prompts = completion_prompt_ids(state.tokenizer, body.prompts, state.vocab_size)
+    want_logprobs = body.logprobs is not None
+    plan = build_plan(body, state, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
+                      logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
+    echoes = [_echo_text(state, raw, ids) if body.echo else ""
+              for raw, ids in zip(body.prompts, prompts)]
+    header = {"id": new_id("cmpl"), "created": int(time.time()), "model": model_name}
+    choices = submit_choices(state, header["id"], prompts, plan)
+    prompt_tokens = sum(len(p) for p in prompts)
+    job = _CompletionJob(state, choices, plan, header, echoes, prompt_tokens)
+    if plan.stream:
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
+    try:
+        return JSONResponse(await run_until_disconnect(request, job.collect()))
+    except ClientDisconnected:
+        return Response(status_code=499)
+
+
+def _echo_text(state: ServingState, raw_prompt: str | list[int], prompt_ids: list[int]) -> str:
+    if isinstance(raw_prompt, str):
+        return raw_prompt
+    return decode_all(state.tokenizer, prompt_ids)
+
+
+class _CompletionJob:
+    """The choices of one completion request and how to report them."""
+
+    def __init__(self, state: ServingState, choices: list[Choice], plan: GenerationPlan,
+                 header: dict[str, Any], echoes: list[str], prompt_tokens: int) -> None:
+        self.state = state
+        self.choices = choices
+        self.plan = plan
+        self.header = header
+        self.prompt_tokens = prompt_tokens
+        self.echo = {c.index: echoes[c.prompt_index] for c in choices}
+        self.logprobs = {c.index: CompletionLogprobs(state.token_texts, len(self.echo[c.index]))
+                         for c in choices}
+
+    def _completion_tokens(self) -> int:
+        return sum(c.decoder.num_generated for c in self.choices)
+
+    async def collect(self) -> dict[str, Any]:
+        texts = {c.index: [self.echo[c.index]] for c in self.choices}
+        logprob_parts: dict[int, list[dict]] = {c.index: [] for c in self.choices}
+        async with contextlib.aclosing(merge_deltas(self.choices)) as deltas:
+            async for index, delta in deltas:
+                texts[index].append(delta.text)
+                if self.plan.logprobs:
+                    logprob_parts[index].append(self.logprobs[index].format(delta))
+        return {
+            **self.header, "object": "text_completion", "system_fingerprint": None,
+            "choices": [{
+                "index": c.index, "text": "".join(texts[c.index]),
+                "logprobs": (merge_completion_logprobs(logprob_parts[c.index])
+                             if self.plan.logprobs else None),
+                "finish_reason": c.decoder.finish_reason,
+            } for c in self.choices],
+            "usage": usage(self.prompt_tokens, self._completion_tokens()),
+        }
+
+    def _chunk(self, index: int, text: str, logprobs: Any, finish_reason: str | None):
+        payload = {**self.header, "object": "text_completion", "system_fingerprint": None,
+                   "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                                "finish_reason": finish_reason}]}
+        if self.plan.include_usage:
+            payload["usage"] = None
+        return event(payload)
+
+    async def stream(self) -> AsyncIterator[dict[str, str]]:
+        for c in self.choices:
+            if self.echo[c.index]:
+                yield self._chunk(c.index, self.echo[c.index], None, None)
+        async with contextlib.aclosing(merge_deltas(self.choices)) as deltas:
+            async for index, delta in deltas:
+                if not delta.text and delta.finish_reason is None and not self.plan.logprobs:
+                    continue
+                logprobs = self.logprobs[index].format(delta) if self.plan.logprobs else None
+                yield self._chunk(index, delta.text, logprobs, delta.finish_reason)
+        if self.plan.include_usage:
+            yield event({**self.header, "object": "text_completion", "system_fingerprint": None,
+                         "choices": [],
+                         "usage": usage(self.prompt_tokens, self._completion_tokens())})
+        yield DONE

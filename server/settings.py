@@ -1,0 +1,128 @@
+"""Server settings: one flat, validated record built from a YAML file and the CLI.
+
+Precedence, lowest first: the defaults below, then the YAML file given with
+`--config`, then command-line flags. Keys in the file are the flag names with
+underscores (`--max-batch-tokens` <-> `max_batch_tokens`); `configs/default.yaml`
+lists them all. An unknown key or a bad value stops the server at start with a
+message naming the field, before any model is loaded.
+
+The engine knobs (page_size ... max_queue_size) default to None, meaning "let the
+engine choose"; only the ones that are set reach `ContinuousBatchingConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.config import ContinuousBatchingConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# Server setting name -> ContinuousBatchingConfig field name.
+ENGINE_KNOBS = {
+    "page_size": "page_size",
+    "max_batch_tokens": "max_batch_tokens",
+    "num_blocks": "num_blocks",
+    "max_memory_percent": "max_memory_percent",
+    "max_requests_per_batch": "max_requests_per_batch",
+    "scheduler": "scheduler_type",
+    "allow_block_sharing": "allow_block_sharing",
+    "max_queue_size": "max_queue_size",
+}
+
+
+class SettingsError(ValueError):
+    """A setting is unknown or invalid; the message names it."""
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True,
+                              protected_namespaces=())
+
+    model: str = DEFAULT_MODEL
+    """Model to serve: a built-in name, a local HF directory, a GGUF file or a hub id."""
+    served_model_name: str | None = None
+    """Name clients put in `model`; defaults to `model`."""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+    """When set, requests must send `Authorization: Bearer <api_key>`."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
+    max_request_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    """Largest accepted request body; bigger ones get 413."""
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    cors_allow_origins: list[str] = Field(default_factory=list)
+    """Browser origins allowed to call the API (e.g. a web chat UI); ["*"] for any."""
+
+    page_size: int | None = None
+    max_batch_tokens: int | None = None
+    num_blocks: int | None = None
+    max_memory_percent: float | None = None
+    max_requests_per_batch: int | None = None
+    scheduler: Literal["fifo", "prefill_first"] | None = None
+    allow_block_sharing: bool | None = None
+    max_queue_size: int | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def continuous_batching_config(self) -> ContinuousBatchingConfig:
+        knobs = {engine_name: getattr(self, name) for name, engine_name in ENGINE_KNOBS.items()
+                 if getattr(self, name) is not None}
+        return ContinuousBatchingConfig(**knobs)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in `path` ({} for an empty file)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of setting: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build_settings(file_values: dict[str, Any], cli_values: dict[str, Any]) -> ServerSettings:
+    """Merge file and CLI values (CLI wins) and validate, naming any bad field."""
+    merged = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
+    try:
+        settings = ServerSettings.model_validate(merged)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            raise SettingsError(f"unknown setting '{loc}'") from None
+        message = error["msg"].removeprefix("Value error, ")
+        if loc:
+            raise SettingsError(f"invalid setting '{loc}': {message}") from None
+        raise SettingsError(f"invalid settings: {message}") from None
+    _check_engine_knobs(settings)
+    return settings
+
+
+def _check_engine_knobs(settings: ServerSettings) -> None:
+    """Let the engine's own config validate the knobs now, not after a model load.
+    Its messages read "ContinuousBatchingConfig.<field>: ..."; name our key instead."""
+    try:
+        settings.continuous_batching_config()
+    except ValueError as exc:
+        message = str(exc)
+        for name, engine_name in ENGINE_KNOBS.items():
+            prefix = f"ContinuousBatchingConfig.{engine_name}: "
+            if message.startswith(prefix):
+                raise SettingsError(f"invalid setting '{name}': {message[len(prefix):]}") from None
+        raise SettingsError(f"invalid engine settings: {message}") from None

@@ -1,0 +1,70 @@
+"""ServingState: what every route needs, built once when the server starts.
+
+The lifespan in `server/app.py` loads the model, starts the engine and stores one
+ServingState on `app.state.serving`; routes read it and never reach into the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .async_engine import AsyncEngine
+from .errors import model_not_found
+from .settings import ServerSettings
+from .token_text import TokenTexts
+
+
+def eos_list(value: Any) -> list[int]:
+    """An eos_token_id as stored by configs (None, int or list) -> list of ints."""
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+@dataclass
+class ServingState:
+    settings: ServerSettings
+    engine: AsyncEngine
+    tokenizer: Any
+    max_model_len: int
+    """Longest prompt + completion served, in tokens: the model's context window, or
+    the KV cache's capacity when that is smaller (a longer request could never be
+    scheduled). vLLM's `max_model_len` means the same."""
+    vocab_size: int
+    eos_token_ids: list[int]
+    """Tokens that end a completion unless the request sets ignore_eos."""
+    token_texts: TokenTexts
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    def check_model(self, requested: str | None) -> str:
+        """The name to echo in responses; 404 for a model this server does not serve.
+        A missing `model` means the served one (as vLLM does)."""
+        if requested is None:
+            return self.model_name
+        if requested not in (self.model_name, self.settings.model):
+            raise model_not_found(requested)
+        return requested
+
+
+def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> ServingState:
+    """Read what the routes need from a loaded engine model."""
+    config = model.config
+    vocab_size = int(config.vocab_size)
+    tokenizer = model.tokenizer
+    max_len = getattr(config, "max_position_embeddings", None) or 2048
+    eos = eos_list(getattr(model.generation_config, "eos_token_id", None))
+    if not eos and getattr(tokenizer, "eos_token_id", None) is not None:
+        eos = [int(tokenizer.eos_token_id)]
+    sizing = getattr(engine.manager, "sizing", None)
+    cached = int(getattr(sizing, "max_cached_tokens", max_len))
+    return ServingState(settings=settings, engine=engine, tokenizer=tokenizer,
+                        max_model_len=min(int(max_len), cached), vocab_size=vocab_size,
+                        eos_token_ids=eos, token_texts=TokenTexts(tokenizer))

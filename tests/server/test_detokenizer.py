@@ -1,0 +1,57 @@
+"""Incremental detokenization with the default model's real tokenizer."""
+
+import pytest
+
+from server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all
+from server.token_text import TokenTexts
+
+SAMPLES = [
+    "héllo 日本語 🙂 world",
+    "Tokyo (東京) and naïve café\n\n  spaced   out",
+    "emoji run 👩‍👩‍👧‍👦🎉🎉 done",
+    "tabs\tand\r\nCRLF, NUL \x00 and bell \x07",
+]
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_pieces_join_to_the_text_and_are_never_broken(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer, tokenizer.encode("Say:"))
+    pieces = [detokenizer.add(t) for t in ids] + [detokenizer.flush()]
+    assert "".join(pieces) == text
+    assert not any(REPLACEMENT_CHAR in p for p in pieces)
+
+
+def test_split_character_arrives_whole(tokenizer):
+    ids = tokenizer.encode("🙂", add_special_tokens=False)
+    assert len(ids) >= 2, "the test needs a character spread over several tokens"
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = [detokenizer.add(t) for t in ids]
+    assert pieces[:-1] == [""] * (len(ids) - 1)
+    assert pieces[-1] == "🙂"
+
+
+def test_flush_releases_an_unfinished_character(tokenizer):
+    ids = tokenizer.encode("a🙂", add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = [detokenizer.add(t) for t in ids[:-1]]
+    tail = detokenizer.flush()
+    assert "".join(pieces) == "a"
+    assert tail.endswith(REPLACEMENT_CHAR)
+
+
+def test_special_tokens_are_skipped(tokenizer):
+    eos = tokenizer.eos_token_id
+    ids = tokenizer.encode("Hi", add_special_tokens=False) + [eos]
+    assert decode_all(tokenizer, ids) == "Hi"
+    assert decode_all(tokenizer, ids, skip_special_tokens=False) == "Hi" + tokenizer.eos_token
+
+
+def test_token_texts_recover_exact_bytes(tokenizer):
+    texts = TokenTexts(tokenizer)
+    text = "日本 🙂 ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    all_bytes = b"".join(bytes(texts.get(t)[1]) for t in ids)
+    assert all_bytes.decode("utf-8") == text
+    partial = [texts.get(t)[0] for t in ids if texts.get(t)[0].startswith("bytes:")]
+    assert partial, "some token of a CJK/emoji text holds an incomplete character"

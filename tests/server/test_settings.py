@@ -1,0 +1,65 @@
+"""CLI and YAML settings: precedence, and errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from server.__main__ import main
+from server.cli import parse_settings
+from server.settings import ServerSettings, SettingsError
+
+DEFAULT_YAML = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+def test_default_yaml_matches_built_in_defaults():
+    file_values = yaml.safe_load(DEFAULT_YAML.read_text())
+    assert set(file_values) == set(ServerSettings.model_fields)
+    assert parse_settings(["--config", str(DEFAULT_YAML)]) == ServerSettings()
+
+
+def test_cli_overrides_file(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 9000\npage_size: 32\nscheduler: prefill_first\n")
+    settings = parse_settings(["--config", str(config), "--port", "9100"])
+    assert (settings.port, settings.page_size, settings.scheduler) == (9100, 32, "prefill_first")
+    engine_config = settings.continuous_batching_config()
+    assert (engine_config.page_size, engine_config.scheduler_type) == (32, "prefill_first")
+
+
+@pytest.mark.parametrize("text, field", [
+    ("pagesize: 32\n", "pagesize"),
+    ("page_size: 2\n", "page_size"),
+    ("port: eighty\n", "port"),
+    ("max_memory_percent: 1.5\n", "max_memory_percent"),
+    ("scheduler: lifo\n", "scheduler"),
+    ("dtype: float8\n", "dtype"),
+])
+def test_bad_file_fields_are_named(tmp_path, text, field):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=f"'{field}'"):
+        parse_settings(["--config", str(config)])
+
+
+def test_bad_cli_value_is_named():
+    with pytest.raises(SettingsError, match="'num_blocks'"):
+        parse_settings(["--num-blocks", "0"])
+
+
+def test_config_file_must_be_a_mapping(tmp_path):
+    config = tmp_path / "list.yaml"
+    config.write_text("- 1\n- 2\n")
+    with pytest.raises(SettingsError, match="mapping"):
+        parse_settings(["--config", str(config)])
+
+
+def test_main_exits_2_with_the_field_name(capsys):
+    assert main(["--page-size", "3"]) == 2
+    assert "page_size" in capsys.readouterr().err
+
+
+def test_main_exits_1_when_the_model_cannot_load(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert main(["--model", str(missing), "--log-level", "error"]) == 1
+    assert "cannot load model" in capsys.readouterr().err
