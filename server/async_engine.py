@@ -29,6 +29,8 @@ from .errors import OpenAIError, bad_request
 # How often a waiting stream checks that the engine thread is still alive, so that a
 # dead engine gives a 5xx instead of a request that hangs forever.
 LIVENESS_POLL_S = 1.0
+# Seconds a client refused with 429 (queue full) is told to wait before retrying.
+RETRY_AFTER_S = 1
 
 
 class EngineDeadError(OpenAIError):
@@ -128,9 +130,14 @@ class AsyncEngine:
         except InvalidRequestError as exc:
             self.manager.cancel_request(request_id)
             raise bad_request(str(exc), code="invalid_value") from None
-        except (QueueFullError, ManagerStoppedError) as exc:
+        except QueueFullError as exc:
             self.manager.cancel_request(request_id)
-            raise OpenAIError(f"The server is overloaded or shutting down: {exc}",
+            raise OpenAIError(f"Too many requests are queued; retry shortly ({exc}).",
+                              status_code=429, code="queue_full",
+                              headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except ManagerStoppedError as exc:
+            self.manager.cancel_request(request_id)
+            raise OpenAIError(f"The server is shutting down: {exc}",
                               status_code=503, code="server_busy") from None
         if accepted is None:  # the manager logs and refuses once it has been stopped
             self.manager.cancel_request(request_id)

@@ -36,9 +36,11 @@ class OpenAIError(Exception):
     """An error the client should see, with its HTTP status and OpenAI fields."""
 
     def __init__(self, message: str, *, status_code: int = 400, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+                 code: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers
         self.status_code = status_code
         self.param = param
         self.code = code
@@ -48,7 +50,7 @@ class OpenAIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def to_response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code)
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None,

@@ -83,13 +83,18 @@ def _wait_until_healthy(server: RunningServer) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> RunningServer:
+    yield from launch_server(tmp_path_factory, [
+        "--api-key", API_KEY, "--max-request-bytes", str(MAX_REQUEST_BYTES),
+        "--cors-allow-origins", CORS_ORIGIN, *ENGINE_FLAGS])
+
+
+def launch_server(tmp_path_factory, flags: list[str]):
+    """Start `python -m server` with `flags` on a free port; yield it once healthy and
+    stop it (SIGINT, then kill) when the generator is closed."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "server", "--model", MODEL, "--host", "127.0.0.1",
-               "--port", str(port), "--api-key", API_KEY,
-               "--max-request-bytes", str(MAX_REQUEST_BYTES), "--log-level", "warning",
-               "--cors-allow-origins", CORS_ORIGIN,
-               *ENGINE_FLAGS]
+               "--port", str(port), "--log-level", "warning", *flags]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
