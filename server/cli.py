@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--scheduler", help="fifo or prefill_first")
     engine.add_argument("--allow-block-sharing", type=_bool, help="prefix caching (true/false)")
     engine.add_argument("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
+    engine.add_argument("--cpu-offload-space", type=float,
+                        help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
     return parser
 
 

@@ -32,6 +32,7 @@ ENGINE_KNOBS = {
     "scheduler": "scheduler_type",
     "allow_block_sharing": "allow_block_sharing",
     "max_queue_size": "max_queue_size",
+    "cpu_offload_space": "cpu_offload_space",
 }
 
 
@@ -68,6 +69,7 @@ class ServerSettings(BaseModel):
     scheduler: Literal["fifo", "prefill_first"] | None = None
     allow_block_sharing: bool | None = None
     max_queue_size: int | None = None
+    cpu_offload_space: float | None = None
 
     @property
     def model_name(self) -> str:
