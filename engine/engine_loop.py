@@ -20,7 +20,8 @@ from typing import Callable
 
 from .config import ContinuousBatchingConfig
 from .kv_cache.allocator import BlockAllocator
-from .kv_cache.sizing import compute_sizing, offload_num_blocks
+from .kv_cache.sizing import (compute_sizing, offload_num_blocks,
+                              resolve_max_blocks_per_request)
 from .output_router import OutputRouter
 from .outputs import RequestStatus
 from .requests import RequestState
@@ -59,6 +60,10 @@ class EngineLoop:
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if hybrid else None,
             sliding_window=sliding_window)
         self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
+        self.max_blocks_per_request = resolve_max_blocks_per_request(
+            config, self.sizing.page_size, workload_hints)
+        self.decode_fast_path = _decode_fast_path(config, self.max_blocks_per_request,
+                                                  sliding_window, model.device)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self._count_lock = threading.Lock()
@@ -121,6 +126,8 @@ class EngineLoop:
             "num_swapped_out": self.scheduler.blocks.num_swapped_out,
             "num_swapped_in": self.scheduler.blocks.num_swapped_in,
             "num_sliding_blocks": self.sizing.num_sliding_blocks,
+            "max_blocks_per_request": self.max_blocks_per_request,
+            "decode_fast_path": int(self.decode_fast_path),
             "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
@@ -264,6 +271,27 @@ def _adjust_for_sliding(config: ContinuousBatchingConfig, sliding_window: int | 
         logger.info("CPU offload off: hybrid sliding-window models are preempted by recompute")
         config = config.replace(cpu_offload_space=0.0)
     return config
+
+
+def _decode_fast_path(config: ContinuousBatchingConfig, max_blocks_per_request: int,
+                      sliding_window: int | None, device) -> bool:
+    """Whether decode-only batches may use flash_attn_with_kvcache. Off when disabled
+    (max_blocks_per_request=0), for sliding-window models, or without the kernel; the
+    reason is logged as a warning only when the user set max_blocks_per_request."""
+    from .attention.backend import flash_available
+
+    if max_blocks_per_request == 0:
+        return False
+    reason = None
+    if sliding_window is not None:
+        reason = "the model has sliding-window layers"
+    elif not flash_available(device):
+        reason = "flash_attn_with_kvcache is not available on this device"
+    if reason is None:
+        return True
+    log = logger.warning if config.max_blocks_per_request else logger.info
+    log("decode fast path off: %s; decode batches use the varlen path", reason)
+    return False
 
 
 def _greedy_params():

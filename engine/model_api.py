@@ -76,7 +76,10 @@ class EngineModel:
         by request id, in the order of `inputs`."""
         from tqdm.auto import tqdm
 
-        hints = {"num_requests": len(inputs)}
+        hints = {"num_requests": len(inputs),
+                 "max_prompt_length": max((len(i) for i in inputs), default=0),
+                 "max_generated_length": kwargs.get("max_new_tokens") or GenerationConfig.from_any(
+                     generation_config or self.generation_config).max_new_tokens}
         manager = self.init_continuous_batching(generation_config, continuous_batching_config,
                                                 workload_hints=hints)
         manager.start()

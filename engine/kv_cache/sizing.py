@@ -108,3 +108,20 @@ def offload_num_blocks(config: ContinuousBatchingConfig, sizing: CacheSizing) ->
     limit = config.cpu_offload_space_safety_threshold * psutil.virtual_memory().total
     budget = limit if space is None else min(space * 1024**3, limit)
     return max(0, min(int(budget // sizing.block_bytes), sizing.num_blocks))
+
+
+FALLBACK_BLOCKS_PER_REQUEST = 32
+
+
+def resolve_max_blocks_per_request(config: ContinuousBatchingConfig, page_size: int,
+                                   workload_hints: dict) -> int:
+    """Block-table width of the decode fast path: the configured value (0 disables
+    it), else wide enough for the longest prompt + generation the hints announce,
+    else FALLBACK_BLOCKS_PER_REQUEST."""
+    if config.max_blocks_per_request is not None:
+        return config.max_blocks_per_request
+    longest = workload_hints.get("max_prompt_length")
+    generated = workload_hints.get("max_generated_length")
+    if longest and generated:
+        return -(-(longest + generated) // page_size)
+    return FALLBACK_BLOCKS_PER_REQUEST

@@ -76,3 +76,26 @@ def test_explicit_sizes_are_kept():
 
 def test_max_requests_per_batch_is_fitted_to_blocks():
     assert sizing(num_blocks=7).max_requests_per_batch == 7
+
+
+def test_max_blocks_per_request_resolution(tiny_llama, caplog):
+    model, _ = tiny_llama
+    generation = GenerationConfig(max_new_tokens=8)
+
+    def stats(hints=None, **config):
+        manager = model.init_continuous_batching(
+            generation, ContinuousBatchingConfig(page_size=16, num_blocks=32, **config),
+            workload_hints=hints)
+        result = manager.stats()
+        manager.destroy()
+        return result
+
+    assert stats()["max_blocks_per_request"] == 32                       # fallback
+    assert stats({"max_prompt_length": 40, "max_generated_length": 25}) \
+        ["max_blocks_per_request"] == 5                                  # ceil(65 / 16)
+    assert stats(max_blocks_per_request=0)["max_blocks_per_request"] == 0
+    with caplog.at_level("WARNING", logger="engine.engine_loop"):
+        explicit = stats(max_blocks_per_request=7)
+    assert explicit["max_blocks_per_request"] == 7
+    assert explicit["decode_fast_path"] == 0                             # no flash-attn on CPU
+    assert "decode fast path off" in caplog.text
