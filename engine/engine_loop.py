@@ -39,16 +39,18 @@ class EngineLoop:
         module, hf_config = model.module, model.config
         sliding_window = getattr(module, "sliding_window", None)
         layer_is_sliding = getattr(module, "layer_is_sliding", [False] * len(module.layers))
-        hybrid = sliding_window is not None and 0 < sum(layer_is_sliding) < len(layer_is_sliding)
-        config = _adjust_for_sliding(config, sliding_window, hybrid)
+        # sliding layers get their own recycling pool (hybrid Gemma 3, all-sliding Mistral)
+        pooled = sliding_window is not None and any(layer_is_sliding)
+        config = _adjust_for_sliding(config, sliding_window, pooled)
         self.sizing = compute_sizing(
             config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
             head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
             intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
             dtype=model.dtype, device=model.device, logit_processing=logit_processing,
             num_submitted=workload_hints.get("num_requests"),
-            num_sliding_layers=sum(layer_is_sliding) if hybrid else 0,
-            sliding_window=sliding_window if hybrid else None)
+            num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
+            sliding_window=sliding_window if pooled else None,
+            max_context=getattr(hf_config, "max_position_embeddings", None))
         self.allocator = BlockAllocator(self.sizing.num_blocks,
                                         enable_caching=config.allow_block_sharing)
         num_offload_blocks = offload_num_blocks(config, self.sizing)
@@ -57,7 +59,7 @@ class EngineLoop:
             self.sizing.max_requests_per_batch, config.resolved_safety_margin,
             config.scheduler_type,
             offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
-            sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if hybrid else None,
+            sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
         self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
         self.max_blocks_per_request = resolve_max_blocks_per_request(
@@ -259,16 +261,16 @@ class EngineLoop:
 
 
 def _adjust_for_sliding(config: ContinuousBatchingConfig, sliding_window: int | None,
-                        hybrid: bool) -> ContinuousBatchingConfig:
-    """Sliding layers recycle pages, so their blocks cannot be shared by prefix; hybrid
-    models keep two pools, which CPU offload does not handle yet."""
+                        pooled: bool) -> ContinuousBatchingConfig:
+    """Sliding layers recycle pages, so their blocks cannot be shared by prefix; their
+    separate pool is not handled by CPU offload yet."""
     if sliding_window is None:
         return config
     if config.allow_block_sharing:
         logger.info("prefix caching off: the model has sliding-window layers")
         config = config.replace(allow_block_sharing=False)
-    if hybrid and config.cpu_offload_space != 0:
-        logger.info("CPU offload off: hybrid sliding-window models are preempted by recompute")
+    if pooled and config.cpu_offload_space != 0:
+        logger.info("CPU offload off: sliding-window models are preempted by recompute")
         config = config.replace(cpu_offload_space=0.0)
     return config
 

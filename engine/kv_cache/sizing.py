@@ -27,6 +27,7 @@ from .paged_cache import PagedKVCache
 
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 DEFAULT_MAX_BATCH_TOKENS = 8192
+MAX_CONTEXT_FALLBACK = 32768
 MIN_MAX_BATCH_TOKENS = 256
 
 
@@ -56,9 +57,13 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
                    head_dim: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
                    device: torch.device, logit_processing: bool,
                    num_submitted: int | None = None, num_sliding_layers: int = 0,
-                   sliding_window: int | None = None) -> CacheSizing:
-    """`num_sliding_layers` > 0 (and fewer than `num_layers`) gives those layers a pool
-    of their own: enough for every request's window, within their share of memory."""
+                   sliding_window: int | None = None, max_context: int | None = None
+                   ) -> CacheSizing:
+    """`num_sliding_layers` > 0 gives those layers a pool of their own: enough for
+    every request's window, within their share of memory. When every layer slides
+    (Mistral), the full-attention blocks hold no memory and only count positions: a
+    generous virtual pool (MAX_CONTEXT_FALLBACK tokens per request when the context is
+    unknown) so requests are limited by their windows, not by it."""
     page_size = config.page_size
     num_full_layers = num_layers - num_sliding_layers
     block_bytes = PagedKVCache.bytes_per_block(num_full_layers, page_size, num_kv_heads,
@@ -76,7 +81,7 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
 
     kv_budget = budget - max_batch_tokens * activation_bytes_per_token
     num_sliding_blocks = 0
-    if sliding_window is not None and 0 < num_sliding_layers < num_layers:
+    if sliding_window is not None and 0 < num_sliding_layers <= num_layers:
         sliding_block_bytes = PagedKVCache.bytes_per_block(
             num_sliding_layers, page_size, num_kv_heads, head_dim, dtype)
         per_request = -(-(sliding_window - 1) // page_size) + 1
@@ -87,7 +92,10 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
         kv_budget -= num_sliding_blocks * sliding_block_bytes
 
     num_blocks = config.num_blocks
-    if num_blocks is None:
+    if num_blocks is None and block_bytes == 0:
+        per_request = -(-(max_context or MAX_CONTEXT_FALLBACK) // page_size)
+        num_blocks = per_request * (config.max_requests_per_batch or num_submitted or 256)
+    elif num_blocks is None:
         num_blocks = max(1, int(kv_budget // block_bytes))
 
     max_requests = config.max_requests_per_batch
@@ -103,7 +111,7 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
 def offload_num_blocks(config: ContinuousBatchingConfig, sizing: CacheSizing) -> int:
     """Slots of the CPU offload pool (0 = offload off: preemption recomputes)."""
     space = config.cpu_offload_space
-    if space == 0:
+    if space == 0 or sizing.block_bytes == 0:
         return 0
     limit = config.cpu_offload_space_safety_threshold * psutil.virtual_memory().total
     budget = limit if space is None else min(space * 1024**3, limit)

@@ -78,8 +78,9 @@ def test_greedy_matches_transformers(request, name, config):
         assert stats["num_preemptions"] > 0
 
 
-def test_sliding_pool_recycles_pages_out_of_the_window(gemma3):
-    model, reference = gemma3
+@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+def test_sliding_pool_recycles_pages_out_of_the_window(request, name):
+    model, reference = request.getfixturevalue(name)
     prompt = random_prompts(1, 20, 20, seed=33)[0]
     manager = model.init_continuous_batching(
         GenerationConfig(max_new_tokens=60, eos_token_id=[]),
@@ -94,9 +95,13 @@ def test_sliding_pool_recycles_pages_out_of_the_window(gemma3):
         most_full_used = max(most_full_used, stats["num_blocks"] - stats["num_free_blocks"])
     assert output.generated_tokens == reference_greedy(reference, prompt, 60)
     # the window (7 keys) plus a chunk of 8 spans at most 5 pages of 4; the full
-    # layers hold all 80 positions (20 pages)
+    # blocks count all 80 positions (20 pages; for Mistral they hold no memory)
     assert most_sliding_used <= 5
     assert most_full_used == 20
+    cache_rows = [layer.shape[0] for layer in manager.loop.runner.cache.key_caches]
+    sliding = model.module.layer_is_sliding
+    assert cache_rows == [stats["num_sliding_blocks"] if s else stats["num_blocks"]
+                          for s in sliding]
     manager.stop()
     manager.check_invariants()
     stats = manager.stats()
