@@ -120,5 +120,5 @@ def _with_decodes(meta: AttentionMetadata, rows: list[int], slots: list[list[int
         meta,
         decode_rows=torch.tensor(rows, dtype=torch.long, device=device),
         decode_kv_slots=torch.tensor(padded, dtype=torch.long, device=device),
-        decode_mask=mask[:, None, None, :],
+        decode_mask=mask[:, None, None, :],       # [D, 1, 1, L]: broadcast over heads
     )

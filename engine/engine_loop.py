@@ -20,6 +20,7 @@ from typing import Callable
 
 from .config import ContinuousBatchingConfig
 from .kv_cache.allocator import BlockAllocator
+from .kv_cache.paged_cache import kv_cache_dtype
 from .kv_cache.sizing import (compute_sizing, offload_num_blocks,
                               resolve_max_blocks_per_request)
 from .output_router import OutputRouter
@@ -46,7 +47,8 @@ class EngineLoop:
             config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
             head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
             intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
-            dtype=model.dtype, device=model.device, logit_processing=logit_processing,
+            dtype=kv_cache_dtype(model.device, model.dtype), device=model.device,
+            logit_processing=logit_processing,
             num_submitted=workload_hints.get("num_requests"),
             num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
             sliding_window=sliding_window if pooled else None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .batch import build_step_inputs
-from .kv_cache.paged_cache import PagedKVCache, copy_blocks
+from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
 from .requests import RequestState
 from .sampling import SampleResult, Sampler
@@ -22,6 +22,7 @@ class ModelRunner:
         self.device = parameter.device
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
+        self.kv_dtype = kv_cache_dtype(self.device, self.dtype)
         self.sliding_window = getattr(model, "sliding_window", None)
         layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
         self.sliding_pool = bool(sizing.num_sliding_blocks)
@@ -30,14 +31,14 @@ class ModelRunner:
         self.cache = PagedKVCache(
             num_layers=len(model.layers), num_blocks=sizing.num_blocks,
             page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim, dtype=self.dtype, device=self.device,
+            head_dim=model.head_dim, dtype=self.kv_dtype, device=self.device,
             layer_num_blocks=layer_num_blocks)
         self.offload_cache = None
         if num_offload_blocks:
             self.offload_cache = PagedKVCache(
                 num_layers=len(model.layers), num_blocks=num_offload_blocks,
                 page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
-                head_dim=model.head_dim, dtype=self.dtype, device=torch.device("cpu"),
+                head_dim=model.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
                 pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
 

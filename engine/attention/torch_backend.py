@@ -38,13 +38,26 @@ class TorchPagedAttention:
 
     @staticmethod
     def _decode(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
-        q = query[meta.decode_rows].unsqueeze(2)                    # [B, H, 1, D]
-        k = flat_keys[meta.decode_kv_slots].transpose(1, 2)         # [B, KVH, L, D]
-        v = flat_values[meta.decode_kv_slots].transpose(1, 2)
-        k, v = k.to(q.dtype), v.to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
-        return out.squeeze(2)                                       # [B, H, D]
+        """One query per request: batched matmuls over the gathered contexts, one pair
+        per KV head. The G query heads sharing a KV head (GQA) form the rows of one
+        matmul, so K/V are never repeated, and the strided per-head views of the
+        gathered K/V go to the matmul without a copy. Computed in the cache's dtype
+        (fp32 on CPU, where it gathers and multiplies faster than bf16)."""
+        slots = meta.decode_kv_slots                                # [B, L]
+        batch, length = slots.shape
+        num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
+        group = query.shape[1] // num_kv_heads
+        dtype = flat_keys.dtype
+        q = query[meta.decode_rows].to(dtype).view(batch, num_kv_heads, group, head_dim)
+        k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        padding = ~meta.decode_mask.view(batch, 1, length)          # [B, 1, L]
+        out = torch.empty(batch, num_kv_heads, group, head_dim, dtype=dtype, device=q.device)
+        for head in range(num_kv_heads):
+            scores = torch.bmm(q[:, head], k[:, :, head].transpose(1, 2)) * scale   # [B, G, L]
+            probs = scores.masked_fill_(padding, float("-inf")).softmax(dim=-1)
+            torch.bmm(probs, v[:, :, head], out=out[:, head])                     # [B, G, D]
+        return out.view(batch, num_kv_heads * group, head_dim).to(query.dtype)   # [B, H, D]
 
     @staticmethod
     def _prefill(query, key, value, flat_keys, flat_values, chunk, scale: float):

@@ -1,0 +1,155 @@
+"""Offline throughput: the engine's `generate_batch` against transformers on the same
+weights, side by side in one run, with the machine's limits measured alongside.
+
+    python -m bench.offline --num-prompts 64 --input-len 64 --output-len 128 \\
+        --peers transformers-cb,transformers-static --json bench-offline.json --plot bench-offline.png
+
+Every request generates exactly `--output-len` tokens (EOS ignored) from a random
+prompt of `--input-len` tokens (fixed seed), so every system does the same work.
+Throughput is generated tokens / wall time of the whole batch, warm-up excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+
+import torch
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.loading import resolve_model_dir
+
+from .machine import measure
+
+PEERS = ("transformers-cb", "transformers-static")
+
+
+def make_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
+
+
+def run_kvserve(model, prompts, output_len: int, cb_config: dict) -> tuple[float, int]:
+    generation = GenerationConfig(max_new_tokens=output_len, eos_token_id=[])
+    config = ContinuousBatchingConfig(**cb_config)
+    model.generate_batch(prompts[:2], GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
+    started = time.perf_counter()
+    outputs = model.generate_batch(prompts, generation, config)
+    seconds = time.perf_counter() - started
+    return seconds, sum(len(o.generated_tokens) for o in outputs.values())
+
+
+def load_reference(spec: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(resolve_model_dir(spec)), dtype=dtype, attn_implementation="sdpa").eval()
+
+
+def run_transformers_cb(reference, prompts, output_len: int) -> tuple[float, int]:
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    generation = HFGenerationConfig(max_new_tokens=output_len, eos_token_id=-1, do_sample=False)
+    reference.generate_batch(prompts[:2], HFGenerationConfig(max_new_tokens=4, eos_token_id=-1,
+                                                             do_sample=False))
+    started = time.perf_counter()
+    outputs = reference.generate_batch(prompts, generation)
+    seconds = time.perf_counter() - started
+    return seconds, sum(len(o.generated_tokens) for o in outputs.values())
+
+
+@torch.inference_mode()
+def run_transformers_static(reference, prompts, output_len: int, batch_size: int) -> tuple[float, int]:
+    def generate(batch):
+        ids = torch.tensor(batch)            # equal lengths: no padding needed
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=output_len, min_new_tokens=output_len,
+                                 pad_token_id=0)
+        return (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+    generate(prompts[:2])
+    started = time.perf_counter()
+    tokens = sum(generate(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size))
+    return time.perf_counter() - started, tokens
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.offline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument("--max-batch-tokens", type=int, default=None)
+    parser.add_argument("--peers", default="",
+                        help=f"comma-separated peers to run on the same weights: {', '.join(PEERS)}")
+    parser.add_argument("--static-batch", type=int, default=16,
+                        help="batch size of transformers' static generate")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"unknown peers {sorted(unknown)}; choose from {PEERS}")
+    model = load_model(args.model, dtype=args.dtype, progress=False)
+    prompts = make_prompts(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
+    cb_config = {k: v for k, v in (("page_size", args.page_size),
+                                   ("max_batch_tokens", args.max_batch_tokens)) if v}
+    limits = measure(model.config.hidden_size, model.config.intermediate_size)
+    runs = {"kvserve": run_kvserve(model, prompts, args.output_len, cb_config)}
+    if peers:
+        reference = load_reference(args.model, model.dtype)
+        if "transformers-cb" in peers:
+            runs["transformers-cb"] = run_transformers_cb(reference, prompts, args.output_len)
+        if "transformers-static" in peers:
+            runs["transformers-static"] = run_transformers_static(
+                reference, prompts, args.output_len, args.static_batch)
+    report = build_report(args, runs, limits)
+    print_report(report)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    if args.plot:
+        from .plots import bar_chart
+        bar_chart({name: r["output_tokens_per_s"] for name, r in report["results"].items()},
+                  "output tokens/s", f"{args.model}, {args.num_prompts} prompts x "
+                  f"{args.output_len} tokens ({args.dtype})", args.plot)
+    return report
+
+
+def build_report(args, runs: dict, limits: dict) -> dict:
+    ours = runs["kvserve"][1] / runs["kvserve"][0]
+    results = {}
+    for name, (seconds, tokens) in runs.items():
+        rate = tokens / seconds
+        results[name] = {"seconds": round(seconds, 3), "output_tokens": tokens,
+                         "output_tokens_per_s": round(rate, 1),
+                         "kvserve_speedup": round(ours / rate, 2)}
+    return {"workload": {k: getattr(args, k) for k in (
+                "model", "dtype", "num_prompts", "input_len", "output_len", "seed")},
+            "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
+            "results": results}
+
+
+def print_report(report: dict) -> None:
+    print(json.dumps(report["workload"]))
+    print(json.dumps(report["machine"]))
+    print(f"{'system':<22}{'seconds':>10}{'tokens':>10}{'tok/s':>10}{'kvserve x':>11}")
+    for name, r in report["results"].items():
+        print(f"{name:<22}{r['seconds']:>10}{r['output_tokens']:>10}"
+              f"{r['output_tokens_per_s']:>10}{r['kvserve_speedup']:>11}")
+
+
+if __name__ == "__main__":
+    main()
