@@ -1,0 +1,168 @@
+"""Online load test against any OpenAI-compatible server (ours, vLLM, llama.cpp's
+llama-server, `transformers serve`), in the spirit of `vllm bench serve`.
+
+    python -m bench.serve --base-url http://127.0.0.1:8000 --concurrency 1,8,32,64 \\
+        --input-len 64 --output-len 128 --json bench-serve.json --plot bench-serve.png
+
+For each concurrency level it keeps that many streaming chat completions in flight
+until `--num-requests` have finished, then reports output tokens/s, requests/s, and
+p50/p90/p99 of time to first token (TTFT), inter-token latency (ITL) and end-to-end
+latency, plus errors. Requests ask for exactly `--output-len` tokens (`ignore_eos`, a
+vLLM extension this server honours; servers that ignore it may stop earlier, and
+their output tokens are counted as received).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+WORDS = ("river stone garden window market teacher music bright quiet winter summer "
+         "engine harbor letter signal forest planet silver morning story").split()
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    output_tokens: int = 0
+    error: str = ""
+
+
+def make_prompt(rng: random.Random, input_len: int) -> str:
+    # about one token per word for these common words, plus the chat template
+    return "Continue this list: " + " ".join(rng.choice(WORDS) for _ in range(input_len))
+
+
+async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    usage_tokens = None
+    try:
+        async with http.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                return RequestResult(False, error=f"HTTP {response.status_code}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
+    except (httpx.HTTPError, json.JSONDecodeError) as error:
+        return RequestResult(False, error=type(error).__name__)
+    if not arrivals:
+        return RequestResult(False, error="no tokens")
+    return RequestResult(True, ttft=arrivals[0] - started,
+                         itls=[b - a for a, b in zip(arrivals, arrivals[1:])],
+                         latency=time.perf_counter() - started,
+                         output_tokens=usage_tokens or len(arrivals))
+
+
+async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
+    url = f"{args.base_url.rstrip('/')}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as http:
+        async def limited(prompt: str) -> RequestResult:
+            body = {"model": args.model, "stream": True, "max_tokens": args.output_len,
+                    "temperature": 0, "ignore_eos": True,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": prompt}]}
+            async with semaphore:
+                return await one_request(http, url, body)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(limited(p) for p in prompts))
+        wall = time.perf_counter() - started
+    return summarize(concurrency, results, wall)
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def summarize(concurrency: int, results: list[RequestResult], wall: float) -> dict:
+    good = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in good)
+    return {
+        "concurrency": concurrency, "requests": len(results), "errors": len(results) - len(good),
+        "error_kinds": sorted({r.error for r in results if not r.ok}),
+        "wall_s": round(wall, 3), "output_tokens": tokens,
+        "output_tokens_per_s": round(tokens / wall, 1),
+        "requests_per_s": round(len(good) / wall, 3),
+        "ttft_ms": percentiles([r.ttft for r in good]),
+        "itl_ms": percentiles([x for r in good for x in r.itls]),
+        "e2e_ms": percentiles([r.latency for r in good]),
+        "mean_output_tokens": round(statistics.mean(r.output_tokens for r in good), 1) if good else 0,
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="requests per level (default: 2 x concurrency, at least 8)")
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--label", default="server", help="name of the system in the report")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
+    levels = []
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        count = args.num_requests or max(8, 2 * concurrency)
+        prompts = [make_prompt(rng, args.input_len) for _ in range(count)]
+        level = asyncio.run(run_level(args, concurrency, prompts))
+        levels.append(level)
+        print(f"c={concurrency:<4} {level['output_tokens_per_s']:>8} tok/s  "
+              f"{level['requests_per_s']:>7} req/s  TTFT p50 {level['ttft_ms']['p50']} ms  "
+              f"ITL p50 {level['itl_ms']['p50']} ms  e2e p50 {level['e2e_ms']['p50']} ms  "
+              f"errors {level['errors']}")
+    report = {"label": args.label, "base_url": args.base_url,
+              "workload": {"input_len": args.input_len, "output_len": args.output_len,
+                           "model": args.model}, "levels": levels}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    if args.plot:
+        from .plots import line_chart
+        line_chart({args.label: {lv["concurrency"]: lv["output_tokens_per_s"] for lv in levels}},
+                   "concurrent streams", "output tokens/s",
+                   f"{args.model}: {args.input_len} in / {args.output_len} out", args.plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()
