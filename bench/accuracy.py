@@ -1,0 +1,70 @@
+"""Accuracy of a fast dtype against the exact fp32 path: greedy agreement over a fixed
+set of chat prompts.
+
+    python -m bench.accuracy --dtype bfloat16 --num-prompts 16 --output-len 32
+
+Reports, per prompt, how many leading generated tokens equal fp32's, and overall the
+share of prompts generated identically and the mean agreeing prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine import GenerationConfig, load_model
+
+TOPICS = ("the ocean", "a city at night", "learning to cook", "the history of maps",
+          "why leaves change colour", "a robot that paints", "winter in the mountains",
+          "how bridges stand", "a letter to a friend", "the moon landing",
+          "coffee", "a rainy market", "trains", "music and memory", "gardening", "chess")
+
+
+def chat_prompts(tokenizer, count: int) -> list[list[int]]:
+    prompts = []
+    for index in range(count):
+        topic = TOPICS[index % len(TOPICS)]
+        messages = [{"role": "user", "content": f"Write a short paragraph about {topic}."}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return prompts
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    generation = GenerationConfig(max_new_tokens=args.output_len, eos_token_id=[])
+    reference = load_model(args.model, dtype="float32", progress=False)
+    prompts = chat_prompts(reference.tokenizer, args.num_prompts)
+    exact = [o.generated_tokens for o in reference.generate_batch(prompts, generation).values()]
+    fast_model = load_model(args.model, dtype=args.dtype, progress=False)
+    fast = [o.generated_tokens for o in fast_model.generate_batch(prompts, generation).values()]
+    prefixes = [agreeing_prefix(a, b) for a, b in zip(exact, fast)]
+    report = {"model": args.model, "dtype": args.dtype, "output_len": args.output_len,
+              "identical_share": round(sum(p == args.output_len for p in prefixes) / len(prefixes), 3),
+              "mean_agreeing_prefix": round(sum(prefixes) / len(prefixes), 1),
+              "agreeing_prefix_per_prompt": prefixes}
+    print(json.dumps(report))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
