@@ -2,6 +2,7 @@
 
 The model is loaded before uvicorn starts, so a bad setting or an unloadable model
 ends the process with one clear line and a non-zero status instead of a traceback.
+SIGTERM or Ctrl-C drain the requests in flight and exit 0 (see lifecycle.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvserve: {exc}", file=sys.stderr)
         return 2
     # Imported late: `--help` and setting errors stay instant.
-    import uvicorn
-
     from .app import create_app, load_engine_model
+    from .lifecycle import serve
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
     try:
@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any loader failure: missing file, offline hub, bad weights
         print(f"kvserve: cannot load model {settings.model!r}: {exc}", file=sys.stderr)
         return 1
-    uvicorn.run(create_app(settings, model), host=settings.host, port=settings.port,
-                log_level=settings.log_level, timeout_graceful_shutdown=5)
+    serve(create_app(settings, model), settings)
     return 0
 
 

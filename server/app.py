@@ -2,10 +2,11 @@
 
     startup:   load the model (in a worker thread: it takes seconds) -> build the
                manager from the settings' engine knobs -> start the engine thread
-               -> publish a ServingState on app.state.serving
-    serving:   routes.py
+               -> warm it up -> publish a ServingState on app.state.serving
+    serving:   routes.py (the API), routes_ops.py (health, ready, metrics); every
+               request passes RequestLogMiddleware (one log line each)
     shutdown:  hard-stop the engine (uvicorn has already drained open connections
-               for its graceful-shutdown period), then free the cache
+               for the drain timeout, see lifecycle.py), then free the cache
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from .async_engine import AsyncEngine
 from .errors import install_error_handlers
-from .routes import api, public
+from .request_log import RequestLogMiddleware
+from .routes import api
+from .routes_ops import ops
 from .settings import ServerSettings
 from .state import build_state
 
@@ -63,6 +66,7 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = model if model is not None else await asyncio.to_thread(load_engine_model, settings)
         engine = start_engine(settings, loaded)
+        await asyncio.to_thread(engine.warmup)
         app.state.serving = build_state(settings, loaded, engine)
         logger.info("serving %s as %r (max_model_len %d tokens)", settings.model,
                     settings.model_name, app.state.serving.max_model_len)
@@ -75,7 +79,9 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
     if settings.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
                            allow_methods=["*"], allow_headers=["*"])
+    # Added last, so it wraps CORS too: every response, preflights included, is logged.
+    app.add_middleware(RequestLogMiddleware, log_prompts=settings.log_prompts)
     install_error_handlers(app)
     app.include_router(api)
-    app.include_router(public)
+    app.include_router(ops)
     return app

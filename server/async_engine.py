@@ -13,6 +13,16 @@ Whoever stops listening early (a client disconnect, a stop string, an error) cal
 `RequestStream.cancel()`, which tells the engine to drop the request and free its KV
 blocks. `submit` is synchronous on purpose: every way the engine can refuse a request
 surfaces before an HTTP response (or SSE stream) has started, as a proper 4xx/503.
+
+Lifecycle, as the probes see it:
+
+    start() -> warmup() -> ready ... begin_drain() (SIGTERM) -> shutdown()
+    ready():  warm, not draining, engine thread alive      (GET /ready)
+    alive():  engine thread alive                          (GET /health)
+
+If the engine thread dies (an exception in a step), the engine fails every request
+it holds with a FAILED output (the server answers 500), and `is_running()` turns
+false: new requests get 503 and /health goes red.
 """
 
 from __future__ import annotations
@@ -37,8 +47,8 @@ class EngineDeadError(OpenAIError):
     """The engine thread stopped while a request was waiting for output."""
 
     def __init__(self) -> None:
-        super().__init__("The engine stopped while generating; try again later.",
-                         status_code=503, code="engine_stopped")
+        super().__init__("The engine stopped while generating this request.",
+                         status_code=500, type="server_error", code="engine_dead")
 
 
 class RequestStream:
@@ -92,9 +102,24 @@ class AsyncEngine:
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
+        self.warm = False
+        self.draining = False
 
     def start(self) -> None:
         self.manager.start()
+
+    def warmup(self) -> None:
+        """One dummy forward pass, so the first real request does not pay for lazy
+        initialisation; blocking (call it from a worker thread)."""
+        self.manager.warmup()
+        self.warm = True
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (503) from now on; running ones continue."""
+        self.draining = True
+
+    def ready(self) -> bool:
+        return self.warm and not self.draining and self.is_running()
 
     def stop(self, timeout: float | None = 10.0, hard: bool = False) -> None:
         """Stop accepting requests and end the engine thread: after the running ones
@@ -118,12 +143,20 @@ class AsyncEngine:
                sampling: dict[str, Any]) -> RequestStream:
         """Queue one request; must run on the event loop thread (the handler is bound
         to the running loop). Raises OpenAIError when the engine refuses it."""
+        if self.draining:
+            raise OpenAIError("The server is shutting down.", status_code=503,
+                              code="server_shutting_down")
+        if not self.is_running():
+            raise OpenAIError("The engine is not running.", status_code=503,
+                              code="engine_stopped")
         queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
         self.manager.register_result_handler(request_id, queue.put_nowait)
         try:
+            # Timestamps feed the latency metrics (TTFT, inter-token latency).
             accepted = self.manager.add_request(
                 prompt_ids, request_id=request_id, max_new_tokens=max_new_tokens,
-                streaming=streaming, eos_token_id=eos_token_id, **sampling)
+                streaming=streaming, record_timestamps=True, eos_token_id=eos_token_id,
+                **sampling)
         except RequestTooLongError as exc:
             self.manager.cancel_request(request_id)
             raise bad_request(str(exc), param="max_tokens", code="context_length_exceeded") from None

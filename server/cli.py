@@ -9,7 +9,8 @@ the config file; the real defaults live in `ServerSettings`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+from typing import Any, Mapping
 
 from .settings import ServerSettings, build_settings, read_config_file
 
@@ -34,11 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--served-model-name", help="name clients send as `model` (default: --model)")
     add("--host", help="address to bind (default 127.0.0.1)")
     add("--port", type=int, help="port to bind (default 8000)")
-    add("--api-key", help="require `Authorization: Bearer KEY` on every request")
+    add("--api-key", nargs="+", metavar="KEY",
+        help="require `Authorization: Bearer KEY` with one of these keys "
+             "(or set KVSERVE_API_KEY=key1,key2)")
+    add("--open-paths", nargs="*", metavar="PATH",
+        help="routes reachable without a key (default /health /ready /metrics)")
     add("--dtype", help="weights dtype: auto, float32, bfloat16, float16")
     add("--device", help="auto, cpu, cuda or cuda:N")
     add("--max-request-bytes", type=int, help="largest request body accepted")
+    add("--request-timeout", dest="request_timeout_s", type=float,
+        help="seconds a generation may run before it is cancelled (504)")
+    add("--drain-timeout", dest="drain_timeout_s", type=float,
+        help="seconds in-flight requests may finish after SIGTERM (default 30)")
     add("--log-level", help="critical, error, warning, info or debug")
+    add("--log-prompts", type=_bool, metavar="BOOL",
+        help="add prompt and output text to the request log lines (default false)")
     add("--cors-allow-origins", nargs="+", metavar="ORIGIN",
         help="browser origins allowed to call the API ('*' for any)")
     engine = parser.add_argument_group("engine", "continuous batching (default: engine's choice)")
@@ -53,11 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
     engine.add_argument("--cpu-offload-space", type=float,
                         help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
+    testing = parser.add_argument_group("testing")
+    testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
+                         help="add POST /debug/fail-engine (kills the engine thread)")
     return parser
 
 
-def parse_settings(argv: list[str] | None = None) -> ServerSettings:
-    """Flags (and the file named by --config) -> validated settings.
+def parse_settings(argv: list[str] | None = None,
+                   environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """Flags (and the file named by --config, and KVSERVE_API_KEY from `environ`,
+    default os.environ) -> validated settings.
 
     Raises SettingsError naming the bad field; argparse itself exits on a malformed
     flag value such as `--port abc`.
@@ -65,4 +81,4 @@ def parse_settings(argv: list[str] | None = None) -> ServerSettings:
     args: dict[str, Any] = vars(build_parser().parse_args(argv))
     config_path = args.pop("config")
     file_values = read_config_file(config_path) if config_path else {}
-    return build_settings(file_values, args)
+    return build_settings(file_values, args, os.environ if environ is None else environ)

@@ -7,7 +7,11 @@ the SSE writer and the non-streaming collector consume:
 
     submit_choices()  ->  [Choice, ...]          every engine request queued (or 4xx)
     merge_deltas()    ->  (index, delta), ...    in arrival order, across choices
-    (on exit, early or not: every unfinished engine request is cancelled)
+    (on exit, early or not: every unfinished engine request is cancelled, and each
+     choice is accounted for in the metrics and the request's log record)
+
+A request that outlives `request_timeout_s` (counted from its arrival) ends with
+RequestTimedOut: a 504 before the response starts, an in-band error in a stream.
 
 A client that goes away mid-request must not leave work running: SSE responses are
 cancelled by sse-starlette when the client disconnects; non-streaming ones race the
@@ -18,15 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from fastapi import Request
 
-from .async_engine import RequestStream, is_failed
+from engine.outputs import GenerationOutput
+
+from .async_engine import EngineDeadError, RequestStream, is_failed
 from .choice_decoder import ChoiceDecoder, ChoiceDelta
 from .errors import OpenAIError
+from .request_log import RequestRecord, request_record
 from .sampling import GenerationPlan
 from .state import ServingState
 
@@ -39,6 +47,15 @@ class GenerationFailed(OpenAIError):
     def __init__(self, message: str) -> None:
         super().__init__(f"Generation failed: {message}", status_code=500,
                          type="server_error", code="generation_failed")
+
+
+class RequestTimedOut(OpenAIError):
+    """The request ran past `request_timeout_s`; its engine requests were cancelled."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"The request did not finish within the server's timeout of "
+                         f"{timeout_s:g} s and was cancelled.", status_code=504,
+                         type="timeout_error", code="request_timeout")
 
 
 class ClientDisconnected(Exception):
@@ -56,6 +73,59 @@ class Choice:
     prompt_ids: list[int]
     stream: RequestStream
     decoder: ChoiceDecoder
+    last_output: GenerationOutput | None = None
+    failed: bool = False
+
+    def outcome(self, engine_failed: bool = False) -> str:
+        """vLLM's finished_reason: stop | length, abort (cancelled) or error (the
+        engine failed it, or failed a sibling choice of the same HTTP request)."""
+        if self.decoder.finish_reason is not None:
+            return self.decoder.finish_reason
+        return "error" if self.failed or engine_failed else "abort"
+
+
+@dataclass
+class GenerationRun:
+    """What one HTTP request's generation reports to: its log record, the server's
+    metrics, and its deadline."""
+
+    state: ServingState
+    record: RequestRecord
+    deadline: float | None
+    """perf_counter time past which the request is cancelled; None = no limit."""
+
+    def remaining_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def on_delta(self, index: int, delta: ChoiceDelta) -> None:
+        if self.state.settings.log_prompts and delta.text:
+            self.record.add_output_text(index, delta.text)
+
+    def finish(self, choices: list[Choice], error: BaseException | None) -> None:
+        """Account for every choice once the generation is over, however it ended."""
+        record = self.record
+        engine_failed = isinstance(error, (GenerationFailed, EngineDeadError))
+        record.completion_tokens = sum(c.decoder.num_generated for c in choices)
+        record.finish_reasons = sorted({c.outcome(engine_failed) for c in choices})
+        if isinstance(error, OpenAIError):
+            record.error_code = error.code
+        for choice in choices:
+            output = choice.last_output
+            if output is not None and output.timestamps:
+                first = output.timestamps[0]
+                if record.first_token_time is None or first < record.first_token_time:
+                    record.first_token_time = first
+            if self.state.metrics is not None:
+                self.state.metrics.observe_request(output, len(choice.prompt_ids),
+                                                   choice.decoder.num_generated,
+                                                   choice.outcome(engine_failed))
+
+
+def start_run(request: Request, state: ServingState) -> GenerationRun:
+    record = request_record(request)
+    timeout = state.settings.request_timeout_s
+    deadline = None if timeout is None else record.arrival + timeout
+    return GenerationRun(state, record, deadline)
 
 
 def submit_choices(state: ServingState, response_id: str, prompts: list[list[int]],
@@ -87,7 +157,9 @@ def cancel_all(choices: list[Choice]) -> None:
 
 async def _choice_deltas(choice: Choice) -> AsyncIterator[ChoiceDelta]:
     async for output in choice.stream:
+        choice.last_output = output
         if is_failed(output):
+            choice.failed = True
             raise GenerationFailed(output.error or "unknown engine error")
         delta = choice.decoder.step(output)
         if not delta.is_empty():
@@ -97,9 +169,10 @@ async def _choice_deltas(choice: Choice) -> AsyncIterator[ChoiceDelta]:
             return
 
 
-async def merge_deltas(choices: list[Choice]) -> AsyncIterator[tuple[int, ChoiceDelta]]:
-    """All choices' deltas as they come. Leaving the loop early (error, disconnect,
-    consumer stops) cancels the pumps and every unfinished engine request."""
+async def merge_deltas(choices: list[Choice],
+                       run: GenerationRun) -> AsyncIterator[tuple[int, ChoiceDelta]]:
+    """All choices' deltas as they come. Leaving the loop early (error, timeout,
+    disconnect, consumer stops) cancels the pumps and every unfinished engine request."""
     queue: asyncio.Queue[tuple[int, ChoiceDelta | None, BaseException | None]] = asyncio.Queue()
 
     async def pump(choice: Choice) -> None:
@@ -111,20 +184,37 @@ async def merge_deltas(choices: list[Choice]) -> AsyncIterator[tuple[int, Choice
             queue.put_nowait((choice.index, None, exc))
 
     tasks = [asyncio.create_task(pump(choice)) for choice in choices]
+    failure: BaseException | None = None
     try:
         remaining = len(tasks)
         while remaining:
-            index, delta, error = await queue.get()
+            index, delta, error = await _next_item(queue, run)
             if error is not None:
                 raise error
             if delta is None:
                 remaining -= 1
                 continue
+            run.on_delta(index, delta)
             yield index, delta
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
         for task in tasks:
             task.cancel()
         cancel_all(choices)
+        run.finish(choices, failure)
+
+
+async def _next_item(queue: asyncio.Queue, run: GenerationRun):
+    """The next queued item, or RequestTimedOut once the run's deadline has passed."""
+    remaining = run.remaining_s()
+    if remaining is None:
+        return await queue.get()
+    try:
+        return await asyncio.wait_for(queue.get(), max(remaining, 0.0))
+    except asyncio.TimeoutError:
+        raise RequestTimedOut(run.state.settings.request_timeout_s) from None
 
 
 async def wait_for_disconnect(request: Request) -> None:

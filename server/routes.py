@@ -1,20 +1,18 @@
-"""The HTTP routes. Generation lives in serving_chat.py / serving_completions.py;
-the small endpoints (models, health, tokenize, detokenize) are answered here.
+"""The API routes. Generation lives in serving_chat.py / serving_completions.py;
+the small endpoints (models, tokenize, detokenize) are answered here. The
+operational ones (health, ready, metrics) are in routes_ops.py.
 
-All routes but /health require the API key when one is configured:
-`Authorization: Bearer <key>` (what the OpenAI SDK sends for `api_key=`).
+Every route checks the API key when keys are configured (see auth.py).
 """
 
 from __future__ import annotations
 
-import secrets
-
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from .auth import require_api_key
 from .body import parse_request
 from .detokenizer import decode_all
-from .errors import OpenAIError
 from .prompts import check_token_ids, encode_text, render_chat
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_chat import create_chat_completion
@@ -26,19 +24,7 @@ def serving_state(request: Request) -> ServingState:
     return request.app.state.serving
 
 
-def require_api_key(request: Request) -> None:
-    expected = serving_state(request).settings.api_key
-    if expected is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), expected):
-        raise OpenAIError("Incorrect or missing API key. Send 'Authorization: Bearer <key>'.",
-                          status_code=401, code="invalid_api_key")
-
-
 api = APIRouter(dependencies=[Depends(require_api_key)])
-public = APIRouter()
 
 
 @api.post("/v1/chat/completions")
@@ -67,17 +53,6 @@ async def retrieve_model(model_id: str, request: Request) -> JSONResponse:
     state = serving_state(request)
     state.check_model(model_id)
     return JSONResponse(_model_card(state))
-
-
-@public.get("/health")
-async def health(request: Request) -> JSONResponse:
-    """200 while the engine thread runs (with its queue sizes), 503 once it is gone."""
-    state = serving_state(request)
-    if not state.engine.is_running():
-        error = OpenAIError("The engine is not running.", status_code=503,
-                            code="engine_stopped")
-        return error.to_response()
-    return JSONResponse({"status": "ok", **state.engine.stats()})
 
 
 @api.post("/tokenize")

@@ -18,8 +18,8 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from .body import parse_request
-from .generation import (Choice, ClientDisconnected, cancel_all, merge_deltas, new_id,
-                         run_until_disconnect, submit_choices, usage)
+from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
+                         new_id, run_until_disconnect, start_run, submit_choices, usage)
 from .logprobs import chat_logprobs
 from .prompts import render_chat
 from .protocol.chat import ChatCompletionRequest
@@ -29,29 +29,36 @@ from .state import ServingState
 
 
 async def create_chat_completion(request: Request, state: ServingState) -> Response:
+    run = start_run(request, state)
+    header = {"id": new_id("chatcmpl"), "created": int(time.time())}
+    run.record.request_id = header["id"]
     body = await parse_request(request, ChatCompletionRequest, state.settings.max_request_bytes)
-    model_name = state.check_model(body.model)
+    header["model"] = state.check_model(body.model)
     prompt_ids = render_chat(state.tokenizer, body.messages)
     plan = build_plan(body, state, max_tokens=body.requested_max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
-    header = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": model_name}
+    run.record.stream, run.record.prompt_tokens = plan.stream, len(prompt_ids)
+    if state.settings.log_prompts:
+        run.record.prompt_text = state.tokenizer.decode(prompt_ids)
     choices = submit_choices(state, header["id"], [prompt_ids], plan)
     if plan.stream:
-        return sse_response(_stream(state, choices, plan, header, len(prompt_ids)),
-                            on_close=lambda: cancel_all(choices))
+        return sse_response(_stream(state, run, choices, plan, header, len(prompt_ids)),
+                            on_close=lambda: cancel_all(choices),
+                            drain_s=state.settings.drain_timeout_s)
     try:
         result = await run_until_disconnect(
-            request, _collect(state, choices, plan, header, len(prompt_ids)))
+            request, _collect(state, run, choices, plan, header, len(prompt_ids)))
     except ClientDisconnected:
         return Response(status_code=499)
     return JSONResponse(result)
 
 
-async def _collect(state: ServingState, choices: list[Choice], plan: GenerationPlan,
-                   header: dict[str, Any], prompt_tokens: int) -> dict[str, Any]:
+async def _collect(state: ServingState, run: GenerationRun, choices: list[Choice],
+                   plan: GenerationPlan, header: dict[str, Any],
+                   prompt_tokens: int) -> dict[str, Any]:
     texts: dict[int, list[str]] = {c.index: [] for c in choices}
     content: dict[int, list[dict]] = {c.index: [] for c in choices}
-    async with contextlib.aclosing(merge_deltas(choices)) as deltas:
+    async with contextlib.aclosing(merge_deltas(choices, run)) as deltas:
         async for index, delta in deltas:
             texts[index].append(delta.text)
             if plan.logprobs:
@@ -69,8 +76,9 @@ async def _collect(state: ServingState, choices: list[Choice], plan: GenerationP
     }
 
 
-async def _stream(state: ServingState, choices: list[Choice], plan: GenerationPlan,
-                  header: dict[str, Any], prompt_tokens: int) -> AsyncIterator[dict[str, str]]:
+async def _stream(state: ServingState, run: GenerationRun, choices: list[Choice],
+                  plan: GenerationPlan, header: dict[str, Any],
+                  prompt_tokens: int) -> AsyncIterator[dict[str, str]]:
     def chunk(choice_list: list[dict[str, Any]]) -> dict[str, str]:
         payload = {**header, "object": "chat.completion.chunk", "system_fingerprint": None,
                    "choices": choice_list}
@@ -81,7 +89,7 @@ async def _stream(state: ServingState, choices: list[Choice], plan: GenerationPl
     for c in choices:
         yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}])
-    async with contextlib.aclosing(merge_deltas(choices)) as deltas:
+    async with contextlib.aclosing(merge_deltas(choices, run)) as deltas:
         async for index, delta in deltas:
             if not delta.text and delta.finish_reason is None and not plan.logprobs:
                 continue  # tokens held back (partial character or stop prefix): nothing to say

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 
 from .body import parse_request
 from .detokenizer import decode_all
-from .generation import (Choice, ClientDisconnected, cancel_all, merge_deltas, new_id,
-                         run_until_disconnect, submit_choices, usage)
+from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
+                         new_id, run_until_disconnect, start_run, submit_choices, usage)
 from .logprobs import CompletionLogprobs, merge_completion_logprobs
 from .prompts import completion_prompt_ids
 from .protocol.completions import CompletionRequest
@@ -31,20 +31,26 @@ DEFAULT_MAX_TOKENS = 16
 
 
 async def create_completion(request: Request, state: ServingState) -> Response:
+    run = start_run(request, state)
+    header = {"id": new_id("cmpl"), "created": int(time.time())}
+    run.record.request_id = header["id"]
     body = await parse_request(request, CompletionRequest, state.settings.max_request_bytes)
-    model_name = state.check_model(body.model)
+    header["model"] = state.check_model(body.model)
     prompts = completion_prompt_ids(state.tokenizer, body.prompts, state.vocab_size)
     want_logprobs = body.logprobs is not None
     plan = build_plan(body, state, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
                       logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
     echoes = [_echo_text(state, raw, ids) if body.echo else ""
               for raw, ids in zip(body.prompts, prompts)]
-    header = {"id": new_id("cmpl"), "created": int(time.time()), "model": model_name}
-    choices = submit_choices(state, header["id"], prompts, plan)
     prompt_tokens = sum(len(p) for p in prompts)
-    job = _CompletionJob(state, choices, plan, header, echoes, prompt_tokens)
+    run.record.stream, run.record.prompt_tokens = plan.stream, prompt_tokens
+    if state.settings.log_prompts:
+        run.record.prompt_text = " | ".join(decode_all(state.tokenizer, p) for p in prompts)
+    choices = submit_choices(state, header["id"], prompts, plan)
+    job = _CompletionJob(state, run, choices, plan, header, echoes, prompt_tokens)
     if plan.stream:
-        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
+                            drain_s=state.settings.drain_timeout_s)
     try:
         return JSONResponse(await run_until_disconnect(request, job.collect()))
     except ClientDisconnected:
@@ -60,9 +66,11 @@ def _echo_text(state: ServingState, raw_prompt: str | list[int], prompt_ids: lis
 class _CompletionJob:
     """The choices of one completion request and how to report them."""
 
-    def __init__(self, state: ServingState, choices: list[Choice], plan: GenerationPlan,
-                 header: dict[str, Any], echoes: list[str], prompt_tokens: int) -> None:
+    def __init__(self, state: ServingState, run: GenerationRun, choices: list[Choice],
+                 plan: GenerationPlan, header: dict[str, Any], echoes: list[str],
+                 prompt_tokens: int) -> None:
         self.state = state
+        self.run = run
         self.choices = choices
         self.plan = plan
         self.header = header
@@ -77,7 +85,7 @@ class _CompletionJob:
     async def collect(self) -> dict[str, Any]:
         texts = {c.index: [self.echo[c.index]] for c in self.choices}
         logprob_parts: dict[int, list[dict]] = {c.index: [] for c in self.choices}
-        async with contextlib.aclosing(merge_deltas(self.choices)) as deltas:
+        async with contextlib.aclosing(merge_deltas(self.choices, self.run)) as deltas:
             async for index, delta in deltas:
                 texts[index].append(delta.text)
                 if self.plan.logprobs:
@@ -105,7 +113,7 @@ class _CompletionJob:
         for c in self.choices:
             if self.echo[c.index]:
                 yield self._chunk(c.index, self.echo[c.index], None, None)
-        async with contextlib.aclosing(merge_deltas(self.choices)) as deltas:
+        async with contextlib.aclosing(merge_deltas(self.choices, self.run)) as deltas:
             async for index, delta in deltas:
                 if not delta.text and delta.finish_reason is None and not self.plan.logprobs:
                     continue

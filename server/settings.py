@@ -6,21 +6,28 @@ underscores (`--max-batch-tokens` <-> `max_batch_tokens`); `configs/default.yaml
 lists them all. An unknown key or a bad value stops the server at start with a
 message naming the field, before any model is loaded.
 
-The engine knobs (page_size ... max_queue_size) default to None, meaning "let the
-engine choose"; only the ones that are set reach `ContinuousBatchingConfig`.
+The engine knobs (page_size ... cpu_offload_space) default to None, meaning "let
+the engine choose"; only the ones that are set reach `ContinuousBatchingConfig`.
+
+One environment variable is read, for secrets that should not sit in a file or a
+process list: `KVSERVE_API_KEY` (several keys separated by commas). It overrides the
+file's `api_key` and is overridden by `--api-key`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.config import ContinuousBatchingConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+API_KEY_ENV = "KVSERVE_API_KEY"
+# Routes answered without an API key by default: probes and scrapers carry none.
+DEFAULT_OPEN_PATHS = ("/health", "/ready", "/metrics")
 
 # Server setting name -> ContinuousBatchingConfig field name.
 ENGINE_KNOBS = {
@@ -50,14 +57,25 @@ class ServerSettings(BaseModel):
     """Name clients put in `model`; defaults to `model`."""
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_key: str | None = None
-    """When set, requests must send `Authorization: Bearer <api_key>`."""
+    api_key: list[str] | None = None
+    """Accepted keys; when set, requests must send `Authorization: Bearer <key>`
+    with one of them (a single string is one key)."""
+    open_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_OPEN_PATHS))
+    """Routes that need no API key even when keys are set."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
-    max_request_bytes: int = Field(10 * 1024 * 1024, ge=1024)
-    """Largest accepted request body; bigger ones get 413."""
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest accepted request body; bigger ones get 413. 4 MiB holds a prompt of
+    about a million tokens of text, far past any context window served here."""
+    request_timeout_s: float | None = Field(None, gt=0)
+    """Longest a generation request may run; past it the request is cancelled (its KV
+    blocks freed) and answered with a 504 error. None: no limit."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On SIGTERM/SIGINT, how long in-flight requests may run before they are cut."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_prompts: bool = False
+    """Add prompt and output text to the per-request log line (off: never logged)."""
     cors_allow_origins: list[str] = Field(default_factory=list)
     """Browser origins allowed to call the API (e.g. a web chat UI); ["*"] for any."""
 
@@ -70,6 +88,22 @@ class ServerSettings(BaseModel):
     allow_block_sharing: bool | None = None
     max_queue_size: int | None = None
     cpu_offload_space: float | None = None
+
+    enable_fault_injection: bool = False
+    """Testing only: adds POST /debug/fail-engine, which makes the engine thread die
+    at its next step. Never turn it on in a deployment."""
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _one_key_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("api_key")
+    @classmethod
+    def _keys_not_empty(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or any(not key.strip() for key in value)):
+            raise ValueError("API keys must be non-empty strings")
+        return value
 
     @property
     def model_name(self) -> str:
@@ -98,9 +132,19 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def build_settings(file_values: dict[str, Any], cli_values: dict[str, Any]) -> ServerSettings:
-    """Merge file and CLI values (CLI wins) and validate, naming any bad field."""
-    merged = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
+def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings taken from the environment: only the API keys (comma-separated)."""
+    raw = environ.get(API_KEY_ENV, "")
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    return {"api_key": keys} if keys else {}
+
+
+def build_settings(file_values: dict[str, Any], cli_values: dict[str, Any],
+                   environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """Merge file, environment and CLI values (later wins) and validate, naming any
+    bad field."""
+    merged = {**file_values, **env_values(environ or {}),
+              **{k: v for k, v in cli_values.items() if v is not None}}
     try:
         settings = ServerSettings.model_validate(merged)
     except ValidationError as exc:

@@ -46,10 +46,14 @@ async def _guarded(events: AsyncIterator[dict[str, str]]) -> AsyncIterator[dict[
         yield DONE
 
 
-def sse_response(events: AsyncIterator[dict[str, str]],
-                 on_close: Callable[[], None]) -> EventSourceResponse:
+def sse_response(events: AsyncIterator[dict[str, str]], on_close: Callable[[], None],
+                 drain_s: float) -> EventSourceResponse:
     """Stream `events`. When the client disconnects, sse-starlette cancels the
     generator, whose cleanup cancels the engine requests; `on_close` runs after the
-    stream in every case, covering a client gone before the generator even started."""
+    stream in every case, covering a client gone before the generator even started.
+
+    On server shutdown sse-starlette would cut every stream at once; with a grace
+    period of `drain_s` a stream in flight may finish first (see lifecycle.py)."""
     return EventSourceResponse(_guarded(events), ping=PING_INTERVAL_S, sep="\n",
-                               background=BackgroundTask(on_close))
+                               background=BackgroundTask(on_close),
+                               shutdown_grace_period=drain_s)

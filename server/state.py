@@ -12,6 +12,7 @@ from typing import Any
 
 from .async_engine import AsyncEngine
 from .errors import model_not_found
+from .metrics import ServerMetrics
 from .settings import ServerSettings
 from .token_text import TokenTexts
 
@@ -38,6 +39,7 @@ class ServingState:
     eos_token_ids: list[int]
     """Tokens that end a completion unless the request sets ignore_eos."""
     token_texts: TokenTexts
+    metrics: ServerMetrics | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -67,4 +69,5 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
     cached = int(getattr(sizing, "max_cached_tokens", max_len))
     return ServingState(settings=settings, engine=engine, tokenizer=tokenizer,
                         max_model_len=min(int(max_len), cached), vocab_size=vocab_size,
-                        eos_token_ids=eos, token_texts=TokenTexts(tokenizer))
+                        eos_token_ids=eos, token_texts=TokenTexts(tokenizer),
+                        metrics=ServerMetrics(engine, settings.model_name))

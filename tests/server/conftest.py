@@ -23,6 +23,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
+# The shared server accepts two keys (several keys are allowed); clients use the first.
+SECOND_API_KEY = "second-key"
 # Small enough for quick 413 tests, large enough for any real test body.
 MAX_REQUEST_BYTES = 65536
 # A small KV cache (256 blocks x 16 tokens = 4096 tokens) keeps memory modest.
@@ -66,6 +68,24 @@ class RunningServer:
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
+    def metrics(self, headers: dict[str, str] | None = None) -> dict[str, float]:
+        """GET /metrics parsed by prometheus_client: {sample name{labels}: value}."""
+        return scrape(self.base_url, headers)
+
+
+def scrape(base_url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{base_url}/metrics", headers=headers, timeout=10)
+    response.raise_for_status()
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                              if k != "model_name")
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
 
 def _wait_until_healthy(server: RunningServer) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -84,21 +104,24 @@ def _wait_until_healthy(server: RunningServer) -> None:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> RunningServer:
     yield from launch_server(tmp_path_factory, [
-        "--api-key", API_KEY, "--max-request-bytes", str(MAX_REQUEST_BYTES),
+        "--api-key", API_KEY, SECOND_API_KEY, "--max-request-bytes", str(MAX_REQUEST_BYTES),
         "--cors-allow-origins", CORS_ORIGIN, *ENGINE_FLAGS])
 
 
-def launch_server(tmp_path_factory, flags: list[str]):
-    """Start `python -m server` with `flags` on a free port; yield it once healthy and
-    stop it (SIGINT, then kill) when the generator is closed."""
+def launch_server(tmp_path_factory, flags: list[str], env: dict[str, str] | None = None,
+                  api_key: str = API_KEY):
+    """Start `python -m server` with `flags` (and extra environment `env`) on a free
+    port; yield it once healthy and stop it (SIGINT, then kill) when the generator is
+    closed. `api_key` is the key its clients send."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "server", "--model", MODEL, "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "warning", *flags]
+    environ = {k: v for k, v in os.environ.items() if k != "KVSERVE_API_KEY"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    running = RunningServer(f"http://127.0.0.1:{port}", API_KEY, process, log_path)
+                                   env={**environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    running = RunningServer(f"http://127.0.0.1:{port}", api_key, process, log_path)
     try:
         _wait_until_healthy(running)
         yield running

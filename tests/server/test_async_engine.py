@@ -88,3 +88,19 @@ def test_stopped_engine_is_503(engine):
     with pytest.raises(OpenAIError) as info:
         asyncio.run(scenario())
     assert info.value.status_code == 503
+
+
+def test_ready_after_warmup_until_drain(engine):
+    assert not engine.ready()          # started, not warmed up yet
+    engine.warmup()
+    assert engine.ready()
+    engine.begin_drain()
+    assert not engine.ready() and engine.is_running()
+
+    async def scenario():
+        engine.submit("late", [5, 6], max_new_tokens=2, streaming=False, eos_token_id=[],
+                      sampling=GREEDY)
+
+    with pytest.raises(OpenAIError) as info:
+        asyncio.run(scenario())
+    assert (info.value.status_code, info.value.code) == (503, "server_shutting_down")

@@ -1,0 +1,67 @@
+"""Running the app under uvicorn, and stopping it without dropping requests.
+
+    SIGTERM (or Ctrl-C)
+      -> the engine refuses new requests (503) and /ready turns red   (begin_drain)
+      -> uvicorn closes the listening socket: new connections are refused
+      -> requests in flight, streams included, run to their end,
+         for at most `drain_timeout_s`; whatever is left is then cancelled
+      -> lifespan shutdown stops the engine and frees the KV cache
+      -> the process exits with status 0
+
+Two library defaults are changed for this. sse-starlette ends every open stream the
+moment uvicorn sees a signal; each stream is given `shutdown_grace_period =
+drain_timeout_s` instead (sse.py). And uvicorn, once it has shut down, re-raises the
+signal it caught so that the default action (death by SIGTERM) runs; we install
+handlers that make that re-raise a no-op, so a clean drain ends with status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from .settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that tells the app to drain when the first signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        serving = getattr(self._app.state, "serving", None)
+        if serving is not None and not serving.engine.draining:
+            serving.engine.begin_drain()
+            stats = serving.engine.stats()
+            logger.warning("received %s: draining %d running and %d waiting requests "
+                           "(up to %gs)", signal.Signals(sig).name, stats["num_running"],
+                           stats["num_waiting"], serving.settings.drain_timeout_s)
+        super().handle_exit(sig, frame)
+
+
+def _ignore_reraised_signal(sig: int, frame: FrameType | None) -> None:
+    """Installed after serving: uvicorn re-raises the signal it handled; the
+    drain already happened, so there is nothing left to do."""
+
+
+def serve(app: Any, settings: ServerSettings) -> None:
+    """Serve `app` until a signal arrives and the drain is over."""
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                            log_level=settings.log_level,
+                            timeout_graceful_shutdown=settings.drain_timeout_s,
+                            # request_log.py writes one line per request instead.
+                            access_log=False)
+    server = DrainingServer(config, app)
+    # uvicorn saves these as the "original" handlers and restores them before its
+    # re-raise, so the re-raise lands here instead of killing the process.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _ignore_reraised_signal)
+    server.run()

@@ -1,0 +1,158 @@
+"""End to end: the server's life and death.
+
+- SIGTERM while 8 streams run: each stream finishes, new connections are refused,
+  and the process exits 0.
+- The engine thread dies (a fault injected into its step, through the testing-only
+  route): every waiting client gets an error body, never a hang; /health turns red;
+  new requests are refused with 503.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import launch_server
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m-instruct"
+NUM_STREAMS = 8
+TOKENS = 24
+
+
+@pytest.fixture
+def drain_server(tmp_path_factory):
+    yield from launch_server(tmp_path_factory, [
+        "--page-size", "16", "--num-blocks", "128", "--drain-timeout", "60"])
+
+
+async def read_stream(http, url, body, first_chunk: asyncio.Event):
+    """Stream a chat answer; return (text, finish_reason, usage, saw [DONE])."""
+    text, finish, usage, done = "", None, None, False
+    async with http.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                text += choice["delta"].get("content") or ""
+                finish = choice["finish_reason"] or finish
+                if text:
+                    first_chunk.set()
+    return text, finish, usage, done
+
+
+def refused_within(url: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+        except httpx.ConnectError:
+            return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_lets_running_streams_finish_and_exits_0(drain_server):
+    url = f"{drain_server.base_url}/v1/chat/completions"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": TOKENS, "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    async def scenario():
+        firsts = [asyncio.Event() for _ in range(NUM_STREAMS)]
+        async with httpx.AsyncClient(timeout=120) as http:
+            tasks = [asyncio.create_task(read_stream(http, url, body, first)) for first in firsts]
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 120)
+            running = drain_server.health()["num_running"]
+            os.kill(drain_server.process.pid, signal.SIGTERM)
+            refused = await asyncio.to_thread(refused_within, drain_server.base_url, 5)
+            return running, refused, await asyncio.gather(*tasks)
+
+    running, refused, results = asyncio.run(scenario())
+    assert running == NUM_STREAMS
+    assert refused, "the server still accepted connections after SIGTERM"
+    for text, finish, usage, done in results:
+        assert text and finish == "length" and done
+        assert usage["completion_tokens"] == TOKENS
+    assert drain_server.process.wait(timeout=60) == 0
+    log = drain_server.log_tail()
+    assert f"received SIGTERM: draining {NUM_STREAMS} running" in log
+
+
+# 8 blocks of 16 tokens: a ~75-token chat prompt takes 5 of them (only the first,
+# the system prompt, is shared between the requests), so one request runs at a time
+# and the others wait in the queue.
+FAULT_FLAGS = ["--page-size", "16", "--num-blocks", "8", "--enable-fault-injection", "true"]
+
+
+@pytest.fixture
+def fault_server(tmp_path_factory):
+    yield from launch_server(tmp_path_factory, FAULT_FLAGS)
+
+
+def test_engine_death_fails_every_request_and_turns_health_red(fault_server):
+    base = fault_server.base_url
+
+    def body(i: int) -> dict:
+        story = f"Story {i}: " + "once upon a time in a land far away " * 4
+        return {"model": MODEL, "messages": [{"role": "user", "content": story}],
+                "max_tokens": 48, "ignore_eos": True}
+
+    async def scenario():
+        first = asyncio.Event()
+        async with httpx.AsyncClient(timeout=60) as http:
+            streams = [asyncio.create_task(read_stream_events(http, f"{base}/v1/chat/completions",
+                                                              {**body(i), "stream": True}, first))
+                       for i in range(2)]
+            plain = [asyncio.create_task(http.post(f"{base}/v1/chat/completions", json=body(i)))
+                     for i in range(2, 4)]
+            await asyncio.wait_for(first.wait(), 60)
+            health = (await http.get(f"{base}/health")).json()
+            armed = await http.post(f"{base}/debug/fail-engine")
+            done = await asyncio.wait_for(asyncio.gather(*streams, *plain), 30)  # no hang
+            return health, armed, done
+
+    health, armed, (stream_a, stream_b, plain_a, plain_b) = asyncio.run(scenario())
+    assert health["num_running"] >= 1 and health["num_waiting"] >= 1  # both kinds fail
+    assert armed.status_code == 200
+    for events in (stream_a, stream_b):
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "server_error" and error["code"] == "generation_failed"
+    for response in (plain_a, plain_b):
+        assert response.status_code == 500, response.text
+        assert response.json()["error"]["code"] == "generation_failed"
+    red = httpx.get(f"{base}/health")
+    assert red.status_code == 503 and red.json()["error"]["code"] == "engine_stopped"
+    assert httpx.get(f"{base}/ready").status_code == 503
+    late = httpx.post(f"{base}/v1/chat/completions", json=body(5), timeout=30)
+    assert late.status_code == 503 and late.json()["error"]["code"] == "engine_stopped"
+    metrics = fault_server.metrics()
+    assert metrics["kvserve:engine_alive{}"] == 0
+    assert metrics["vllm:request_success_total{finished_reason=error}"] == 4
+
+
+async def read_stream_events(http, url, body, first: asyncio.Event) -> list[str]:
+    """Every `data:` payload of a stream, as text; sets `first` on the first token."""
+    events = []
+    async with http.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if '"content":"' in line and '"content":""' not in line:
+                    first.set()
+    return events
