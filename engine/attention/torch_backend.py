@@ -52,12 +52,15 @@ class TorchPagedAttention:
         k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
         v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
         padding = ~meta.decode_mask.view(batch, 1, length)          # [B, 1, L]
-        out = torch.empty(batch, num_kv_heads, group, head_dim, dtype=dtype, device=q.device)
+        # head-major output: each bmm writes a contiguous [B, G, D] slab (a strided
+        # `out` would send bmm down a slow per-batch path)
+        out = torch.empty(num_kv_heads, batch, group, head_dim, dtype=dtype, device=q.device)
         for head in range(num_kv_heads):
             scores = torch.bmm(q[:, head], k[:, :, head].transpose(1, 2)) * scale   # [B, G, L]
             probs = scores.masked_fill_(padding, float("-inf")).softmax(dim=-1)
-            torch.bmm(probs, v[:, :, head], out=out[:, head])                     # [B, G, D]
-        return out.view(batch, num_kv_heads * group, head_dim).to(query.dtype)   # [B, H, D]
+            torch.bmm(probs, v[:, :, head], out=out[head])                        # [B, G, D]
+        out = out.transpose(0, 1).reshape(batch, num_kv_heads * group, head_dim)  # [B, H, D]
+        return out.to(query.dtype)
 
     @staticmethod
     def _prefill(query, key, value, flat_keys, flat_values, chunk, scale: float):
