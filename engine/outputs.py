@@ -46,6 +46,9 @@ class GenerationOutput:
     """Why the request failed, when `status` is FAILED."""
     created_time: float = 0.0
     """`time.perf_counter()` when the request was added."""
+    first_scheduled_time: float | None = None
+    """`time.perf_counter()` when it first entered a batch (None while queued);
+    minus `created_time`, its time in the queue."""
     timestamps: list[float] | None = field(default=None)
     """`time.perf_counter()` of each generated token, when timestamps are recorded."""
 

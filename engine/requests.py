@@ -52,6 +52,7 @@ class RequestState:
     error: str | None = None
     num_preemptions: int = 0
     created_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
     sampler_state: Any = None
     """Owned by the sampler (the request's random generator)."""
 
@@ -105,5 +106,6 @@ class RequestState:
             finish_reason=self.finish_reason,
             error=self.error,
             created_time=self.created_time,
+            first_scheduled_time=self.first_scheduled_time,
             timestamps=list(self.timestamps) if self.record_timestamps else None,
         )

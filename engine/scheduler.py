@@ -24,6 +24,7 @@ are kept, so nothing is lost).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -209,6 +210,8 @@ class _StepBuilder:
             if num_tokens is None:
                 return
             sched.waiting.popleft()
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.perf_counter()
             request.status = RequestStatus.PREFILLING
             sched.running.append(request)
             self._add(request, num_tokens)

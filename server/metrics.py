@@ -122,6 +122,9 @@ class ServerMetrics:
         self.e2e = Histogram("vllm:e2e_request_latency_seconds",
                              "Time from arrival to the end of the request.", labels,
                              buckets=E2E_BUCKETS, registry=r)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "Time from arrival to the first scheduling step.", labels,
+                                    buckets=TTFT_BUCKETS, registry=r)
         self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens",
                                                "Prompt length of each request.", labels,
                                                buckets=TOKEN_BUCKETS, registry=r)
@@ -138,6 +141,9 @@ class ServerMetrics:
         self.request_success.labels(m, finished_reason).inc()
         if last_output is None:
             return  # cancelled before its first token: no latency to report
+        if last_output.first_scheduled_time is not None:
+            self.queue_time.labels(m).observe(
+                last_output.first_scheduled_time - last_output.created_time)
         timestamps = last_output.timestamps or []
         if timestamps:  # the prompt was computed: it counts as prefill work
             self.prompt_tokens.labels(m).inc(prompt_tokens)

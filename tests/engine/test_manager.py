@@ -49,6 +49,7 @@ def test_stop_lets_queued_requests_finish(tiny_llama):
     assert sorted(results) == sorted(ids)
     assert all(r.status is RequestStatus.FINISHED and len(r.generated_tokens) == 8
                for r in results.values())
+    assert all(r.created_time <= r.first_scheduled_time for r in results.values())
     assert manager.add_request([5, 6]) is None          # refused after stop
     manager.check_invariants()
     manager.start()                                      # a stopped manager restarts

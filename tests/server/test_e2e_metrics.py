@@ -26,6 +26,7 @@ VLLM_FAMILIES = {
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
     "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
     "vllm:inter_token_latency_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_prompt_tokens": "histogram",
@@ -86,6 +87,9 @@ def test_counters_move_by_what_the_requests_did(server):
     assert delta(before, after, "vllm:generation_tokens_total{}") == 8
     assert delta(before, after, "vllm:request_success_total{finished_reason=length}") == 2
     assert delta(before, after, "vllm:time_to_first_token_seconds_count{}") == 2
+    assert delta(before, after, "vllm:request_queue_time_seconds_count{}") == 2
+    queued = delta(before, after, "vllm:request_queue_time_seconds_sum{}")
+    assert 0 <= queued <= delta(before, after, "vllm:time_to_first_token_seconds_sum{}")
     assert delta(before, after, "vllm:e2e_request_latency_seconds_count{}") == 2
     # One gap between consecutive tokens: (5 - 1) + (3 - 1).
     assert delta(before, after, "vllm:inter_token_latency_seconds_count{}") == 6
