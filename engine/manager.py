@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import queue
 import threading
 import time
 from typing import Any, Callable, Iterator

@@ -44,3 +44,20 @@ def reference_greedy(reference, prompt: list[int], max_new_tokens: int) -> list[
                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def generate_and_inspect(model, prompts, max_new_tokens: int, warmup: bool = False, **config):
+    """generate_batch (EOS ignored) with a persistent manager, so that its state can be
+    checked afterwards: the allocator invariant holds and every block is free again.
+    Returns (generated tokens per prompt, the manager's stats)."""
+    from engine import ContinuousBatchingConfig, GenerationConfig
+
+    outputs = model.generate_batch(
+        prompts, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[]),
+        ContinuousBatchingConfig(**config), persistent_manager=True, warmup=warmup)
+    manager = model._cached_manager
+    manager.check_invariants()
+    stats = manager.stats()
+    manager.destroy()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    return [o.generated_tokens for o in outputs.values()], stats

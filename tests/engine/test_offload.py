@@ -1,12 +1,11 @@
 """CPU offload on preemption: evicted requests' K/V go to a CPU pool and come back
 without recomputation; the tokens are the same as with recompute or no pressure."""
 
-from engine import ContinuousBatchingConfig, GenerationConfig
 from engine.kv_cache.allocator import BlockAllocator
 from engine.scheduler import Scheduler
 
 from tests.engine.test_scheduler import make_request, run_step
-from tests.helpers import random_prompts, reference_greedy
+from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
 
 def test_scheduler_swaps_out_on_preemption_and_resumes_where_it_stopped():
@@ -35,16 +34,8 @@ def test_scheduler_swaps_out_on_preemption_and_resumes_where_it_stopped():
 
 
 def run(model, prompts, **config):
-    outputs = model.generate_batch(
-        prompts, GenerationConfig(max_new_tokens=10, eos_token_id=[]),
-        ContinuousBatchingConfig(page_size=4, max_batch_tokens=64, allow_block_sharing=False,
-                                 **config),
-        persistent_manager=True, warmup=False)
-    manager = model._cached_manager
-    manager.check_invariants()
-    stats = manager.stats()
-    manager.destroy()
-    return [o.generated_tokens for o in outputs.values()], stats
+    return generate_and_inspect(model, prompts, 10, page_size=4, max_batch_tokens=64,
+                                allow_block_sharing=False, **config)
 
 
 def test_offload_and_recompute_give_the_unconstrained_tokens(tiny_llama):

@@ -4,9 +4,10 @@ paged cache, for every family, under chunked prefill and preemption."""
 import pytest
 import torch
 
-from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine import load_model
 
-from tests.helpers import TINY_FAMILIES, random_prompts, reference_greedy
+from tests.helpers import (TINY_FAMILIES, generate_and_inspect, random_prompts,
+                           reference_greedy)
 
 NEW_TOKENS = 10
 
@@ -39,16 +40,7 @@ def test_logits_match_transformers(loaded, family):
 
 
 def run_batch(model, prompts, **config):
-    """generate_batch with a persistent manager so its state can be inspected."""
-    outputs = model.generate_batch(
-        prompts, GenerationConfig(max_new_tokens=NEW_TOKENS, eos_token_id=[]),
-        ContinuousBatchingConfig(**config), persistent_manager=True)
-    manager = model._cached_manager
-    stats = manager.stats()
-    manager.check_invariants()
-    assert stats["num_free_blocks"] == stats["num_blocks"]
-    manager.destroy()
-    return [o.generated_tokens for o in outputs.values()], stats
+    return generate_and_inspect(model, prompts, NEW_TOKENS, warmup=True, **config)
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

@@ -4,10 +4,10 @@ identical outputs with fewer prefilled tokens in the engine."""
 from engine import ContinuousBatchingConfig, GenerationConfig
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.block_hash import extend_block_hashes, hash_block
+from engine.scheduler import Scheduler
 
 from tests.engine.test_scheduler import make_request, run_step
-from tests.helpers import random_prompts, reference_greedy
-from engine.scheduler import Scheduler
+from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
 
 def test_hashes_chain_over_the_prefix():
@@ -62,15 +62,8 @@ def test_scheduler_reuses_a_cached_prefix_and_computes_the_rest():
 
 
 def run(model, prompts, sharing, **config):
-    outputs = model.generate_batch(
-        prompts, GenerationConfig(max_new_tokens=6, eos_token_id=[]),
-        ContinuousBatchingConfig(page_size=4, allow_block_sharing=sharing, **config),
-        persistent_manager=True, warmup=False)
-    manager = model._cached_manager
-    manager.check_invariants()
-    stats = manager.stats()
-    manager.destroy()
-    return [o.generated_tokens for o in outputs.values()], stats
+    return generate_and_inspect(model, prompts, 6, page_size=4, allow_block_sharing=sharing,
+                                **config)
 
 
 def test_shared_prefix_is_prefilled_once_with_identical_outputs(tiny_llama):

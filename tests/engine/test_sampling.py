@@ -26,7 +26,7 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_llama):
     others = [manager.add_request(p, do_sample=True, temperature=1.3, seed=i)
               for i, p in enumerate(random_prompts(5, 3, 20, seed=9))]
     seeded = manager.add_request(prompt, do_sample=True, temperature=1.0, seed=42)
-    greedy = manager.add_request(prompt)
+    manager.add_request(prompt)                           # a greedy neighbour
     manager.stop()
     results = {}
     while (result := manager.get_result()) is not None:

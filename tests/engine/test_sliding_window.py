@@ -7,7 +7,7 @@ import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 
-from tests.helpers import random_prompts, reference_greedy
+from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
 WINDOW = 7
 
@@ -54,14 +54,7 @@ def test_logits_match_beyond_the_window(request, name):
 
 
 def run(model, prompts, **config):
-    outputs = model.generate_batch(
-        prompts, GenerationConfig(max_new_tokens=12, eos_token_id=[]),
-        ContinuousBatchingConfig(page_size=4, **config), persistent_manager=True, warmup=False)
-    manager = model._cached_manager
-    manager.check_invariants()
-    stats = manager.stats()
-    manager.destroy()
-    return [o.generated_tokens for o in outputs.values()], stats
+    return generate_and_inspect(model, prompts, 12, page_size=4, **config)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "mistral"])
