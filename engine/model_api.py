@@ -132,7 +132,10 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     from .loading import parse_dtype, read_state_dict, resolve_model_dir
     from .models import build_model
 
-    torch_dtype = parse_dtype(dtype)
+    from .models.mixed_precision import MIXED_DTYPE_NAMES, use_bf16_weights
+
+    mixed = dtype in MIXED_DTYPE_NAMES
+    torch_dtype = torch.float32 if mixed else parse_dtype(dtype)
     device = torch.device(device)
     started = time.perf_counter()
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
@@ -145,6 +148,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     module = build_model(config, state, torch_dtype, device)
+    if mixed:
+        module = use_bf16_weights(module)
     model = EngineModel(module, config, tokenizer or None)
     model.load_seconds = time.perf_counter() - started
     return model

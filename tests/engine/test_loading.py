@@ -49,3 +49,21 @@ def test_unsupported_architecture_is_rejected(tmp_path):
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         load_model(tmp_path, progress=False)
+
+
+def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
+    from engine.models.mixed_precision import Bf16WeightLinear
+
+    path, reference = tiny_models["qwen2"]                 # qkv bias, tied embeddings
+    model = load_model(path, dtype="bf16-weights", progress=False)
+    projections = [m for m in model.module.modules() if isinstance(m, Bf16WeightLinear)]
+    assert len(projections) == 4 * len(model.module.layers)
+    assert all(p.weight.dtype == torch.bfloat16 for p in projections)
+    assert model.dtype == torch.float32 and model.module.embed_tokens.weight.dtype == torch.float32
+    ids = [5, 9, 13, 17, 21, 40]
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    got = model.prompt_logits(ids)
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.05                 # close, not exact: bf16 weights
+    assert (got - want).abs().max() > 0                    # and really rounded
