@@ -21,6 +21,7 @@ from typing import Callable
 from .config import ContinuousBatchingConfig
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
+from .feature_gates import adjust_for_sliding, decode_fast_path
 from .kv_cache.sizing import (compute_sizing, offload_num_blocks,
                               resolve_max_blocks_per_request)
 from .output_router import OutputRouter
@@ -42,7 +43,7 @@ class EngineLoop:
         layer_is_sliding = getattr(module, "layer_is_sliding", [False] * len(module.layers))
         # sliding layers get their own recycling pool (hybrid Gemma 3, all-sliding Mistral)
         pooled = sliding_window is not None and any(layer_is_sliding)
-        config = _adjust_for_sliding(config, sliding_window, pooled)
+        config = adjust_for_sliding(config, sliding_window, pooled)
         self.sizing = compute_sizing(
             config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
             head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
@@ -66,8 +67,8 @@ class EngineLoop:
         self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
         self.max_blocks_per_request = resolve_max_blocks_per_request(
             config, self.sizing.page_size, workload_hints)
-        self.decode_fast_path = _decode_fast_path(config, self.max_blocks_per_request,
-                                                  sliding_window, model.device)
+        self.decode_fast_path = decode_fast_path(config, self.max_blocks_per_request,
+                                                 sliding_window, model.device)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self._count_lock = threading.Lock()
@@ -260,42 +261,6 @@ class EngineLoop:
         for request in pending:
             request.fail(message)
             self.router.deliver(request.to_output())
-
-
-def _adjust_for_sliding(config: ContinuousBatchingConfig, sliding_window: int | None,
-                        pooled: bool) -> ContinuousBatchingConfig:
-    """Sliding layers recycle pages, so their blocks cannot be shared by prefix; their
-    separate pool is not handled by CPU offload yet."""
-    if sliding_window is None:
-        return config
-    if config.allow_block_sharing:
-        logger.info("prefix caching off: the model has sliding-window layers")
-        config = config.replace(allow_block_sharing=False)
-    if pooled and config.cpu_offload_space != 0:
-        logger.info("CPU offload off: sliding-window models are preempted by recompute")
-        config = config.replace(cpu_offload_space=0.0)
-    return config
-
-
-def _decode_fast_path(config: ContinuousBatchingConfig, max_blocks_per_request: int,
-                      sliding_window: int | None, device) -> bool:
-    """Whether decode-only batches may use flash_attn_with_kvcache. Off when disabled
-    (max_blocks_per_request=0), for sliding-window models, or without the kernel; the
-    reason is logged as a warning only when the user set max_blocks_per_request."""
-    from .attention.backend import flash_available
-
-    if max_blocks_per_request == 0:
-        return False
-    reason = None
-    if sliding_window is not None:
-        reason = "the model has sliding-window layers"
-    elif not flash_available(device):
-        reason = "flash_attn_with_kvcache is not available on this device"
-    if reason is None:
-        return True
-    log = logger.warning if config.max_blocks_per_request else logger.info
-    log("decode fast path off: %s; decode batches use the varlen path", reason)
-    return False
 
 
 def _greedy_params():

@@ -17,9 +17,10 @@ Policies (SCHEDULER_MAPPING):
   with what is left of the budget.
 
 When a running request needs a block and none is free, the most recently admitted
-running request is preempted: its blocks are freed, its progress reset, and it goes
-back to the front of the waiting queue to be recomputed later (its generated tokens
-are kept, so nothing is lost).
+running request is preempted: its K/V is copied to the CPU offload pool when there is
+one with room (restored on re-admission, nothing recomputed), its blocks are freed,
+and it goes back to the front of the waiting queue; without offload it is recomputed
+from its tokens (its generated tokens are kept, so nothing is lost).
 """
 
 from __future__ import annotations
