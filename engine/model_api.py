@@ -132,10 +132,11 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     from .loading import parse_dtype, read_state_dict, resolve_model_dir
     from .models import build_model
 
-    from .models.mixed_precision import MIXED_DTYPE_NAMES, use_bf16_weights
+    from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
+                                         use_int8_weights)
 
-    mixed = dtype in MIXED_DTYPE_NAMES
-    torch_dtype = torch.float32 if mixed else parse_dtype(dtype)
+    mixed, int8 = dtype in MIXED_DTYPE_NAMES, dtype in INT8_DTYPE_NAMES
+    torch_dtype = torch.float32 if mixed else torch.bfloat16 if int8 else parse_dtype(dtype)
     device = torch.device(device)
     started = time.perf_counter()
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
@@ -150,6 +151,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     module = build_model(config, state, torch_dtype, device)
     if mixed:
         module = use_bf16_weights(module)
+    if int8:
+        module = use_int8_weights(module)
     model = EngineModel(module, config, tokenizer or None)
     model.load_seconds = time.perf_counter() - started
     return model

@@ -62,7 +62,8 @@ class ServerSettings(BaseModel):
     with one of them (a single string is one key)."""
     open_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_OPEN_PATHS))
     """Routes that need no API key even when keys are set."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-weights"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-weights",
+                   "int8-weights"] = "float32"
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)

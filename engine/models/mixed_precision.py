@@ -1,11 +1,20 @@
-"""Mixed precision for CPU serving: bf16 weights in the decoder layers' matmuls, fp32
-everywhere else (embeddings, the residual stream, norms, attention, the LM head).
+"""Reduced-precision weights for CPU serving.
+
+`bf16-weights`: bf16 weights in the decoder layers' matmuls, fp32 everywhere else
+(embeddings, the residual stream, norms, attention, the LM head).
 
 Each projection casts its fp32 input to bf16, multiplies against bf16 weights (bf16
 matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs and read half the bytes) and
 returns fp32. Keeping the residual stream and the LM head in fp32 keeps most of the
 accuracy that full bf16 loses (measured with `python -m bench.accuracy`, see
 docs/benchmarks.md). Selected with `load_model(..., dtype="bf16-weights")`.
+
+`int8-weights`: a bf16 model whose projections and LM head keep int8 weights with one
+scale per output channel (symmetric, absmax / 127), multiplied by
+`torch.ops.aten._weight_int8pack_mm`. Batch-1 decode reads a quarter of fp32's bytes
+and runs ~2.5x faster; at large batches that kernel is slower than a bf16 matmul, so
+this is a latency mode for a few concurrent streams. Accuracy is that of bf16 or a
+little below (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from torch import nn
 import torch.nn.functional as F
 
 MIXED_DTYPE_NAMES = ("bf16-weights", "bfloat16-weights")
+INT8_DTYPE_NAMES = ("int8-weights",)
 
 
 class Bf16WeightLinear(nn.Module):
@@ -39,4 +49,53 @@ def use_bf16_weights(model: nn.Module) -> nn.Module:
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, Bf16WeightLinear(child))
+    return model
+
+
+KERNEL_K_MULTIPLE = 16
+"""`_weight_int8pack_mm` reads the input dimension in chunks of 16 (it crashes on
+other sizes); layers whose in_features is not a multiple use the same int8 values
+dequantized to bf16 with an ordinary matmul."""
+
+
+class Int8WeightLinear(nn.Module):
+    """y = x @ (w_int8 * scale).T (+ bias): per-output-channel symmetric int8 weights,
+    bf16 activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        weight = weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)             # [out]
+        quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.use_kernel = weight.shape[1] % KERNEL_K_MULTIPLE == 0
+        self.register_buffer("weight_int8", quantized)                           # [out, in]
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.register_buffer("dequantized", None if self.use_kernel else
+                             (quantized.float() * scales.to(torch.bfloat16).float()[:, None])
+                             .to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(
+            bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous()
+        if self.use_kernel:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        else:
+            out = F.linear(flat, self.dequantized)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], -1).to(x.dtype)
+
+
+def use_int8_weights(model: nn.Module) -> nn.Module:
+    """Swap the decoder layers' nn.Linear modules for Int8WeightLinear and give the LM
+    head an int8 copy of its weights (a tied embedding table stays bf16 for lookups)."""
+    for layer in model.layers:
+        for parent in layer.modules():
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, Int8WeightLinear(child.weight, child.bias))
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    model.int8_lm_head = Int8WeightLinear(head, None)
     return model

@@ -67,3 +67,38 @@ def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
     assert got.dtype == torch.float32
     assert (got - want).abs().max() < 0.05                 # close, not exact: bf16 weights
     assert (got - want).abs().max() > 0                    # and really rounded
+
+
+def test_int8_weights_mode_quantizes_projections_and_lm_head(tiny_models):
+    from engine import GenerationConfig
+    from engine.models.mixed_precision import Int8WeightLinear
+
+    path, reference = tiny_models["llama"]
+    model = load_model(path, dtype="int8-weights", progress=False)
+    projections = [m for m in model.module.modules() if isinstance(m, Int8WeightLinear)]
+    assert len(projections) == 4 * len(model.module.layers) + 1      # + the LM head
+    assert all(p.weight_int8.dtype == torch.int8 for p in projections)
+    ids = [5, 9, 13, 17, 21, 40]
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    error = (model.prompt_logits(ids) - want).abs().max()
+    assert 0 < error < 0.1                                 # quantized, yet close
+    outputs = model.generate_batch([ids, ids[:3]], GenerationConfig(max_new_tokens=5,
+                                                                    eos_token_id=[]))
+    assert [len(o.generated_tokens) for o in outputs.values()] == [5, 5]
+
+
+def test_int8_kernel_and_fallback_agree():
+    from engine.models.mixed_precision import Int8WeightLinear
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(40, 64), torch.randn(5, 64)
+    kernel = Int8WeightLinear(weight, None)
+    assert kernel.use_kernel
+    fallback = Int8WeightLinear(weight, None)
+    fallback.use_kernel = False
+    fallback.dequantized = (fallback.weight_int8.float() * fallback.scales.float()[:, None]).bfloat16()
+    torch.testing.assert_close(kernel(x.bfloat16()).float(), fallback(x.bfloat16()).float(),
+                               atol=0.05, rtol=0.02)
+    assert (kernel(x).float() - x @ weight.T).abs().max() < 0.2     # close to fp32
+    assert not Int8WeightLinear(torch.randn(8, 60), None).use_kernel   # 60 % 16 != 0
