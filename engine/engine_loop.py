@@ -19,6 +19,7 @@ import threading
 from typing import Callable
 
 from .config import ContinuousBatchingConfig
+from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
 from .feature_gates import adjust_for_sliding, decode_fast_path
@@ -71,8 +72,13 @@ class EngineLoop:
                                                  sliding_window, model.device)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
+        self.submit_lock = threading.Lock()
+        """Held by callers around "may I submit? submit" and by stop/crash paths around
+        closing the door, so no request slips into an inbox nobody will read."""
         self._count_lock = threading.Lock()
         self._num_submitted_unseen = 0
+        self._live_ids: set[str] = set()
+        self._pause_holders: dict[int, int] = {}
         self.step_lock = threading.Lock()
         self._pause = threading.Condition()
         self._pause_count = 0
@@ -85,16 +91,31 @@ class EngineLoop:
 
     # -- any thread ----------------------------------------------------------------------
     def submit(self, request: RequestState) -> None:
+        """Any thread, under `submit_lock`. Refuses an id that is still in flight."""
         with self._count_lock:
+            if request.request_id in self._live_ids:
+                raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
+            self._live_ids.add(request.request_id)
             self._num_submitted_unseen += 1
         self.inbox.put(("add", request))
+
+    def _forget(self, request_id: str) -> None:
+        with self._count_lock:
+            self._live_ids.discard(request_id)
 
     def cancel(self, request_id: str) -> None:
         self.inbox.put(("cancel", request_id))
 
     def num_pending(self) -> int:
-        """Requests added but not yet running (in the inbox or the waiting queue)."""
-        return self._num_submitted_unseen + len(self.scheduler.waiting)
+        """Requests added and never scheduled yet (in the inbox or the waiting queue);
+        preempted requests waiting to resume do not count."""
+        never_scheduled = sum(1 for r in list(self.scheduler.waiting)
+                              if r.first_scheduled_time is None)
+        return self._num_submitted_unseen + never_scheduled
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
 
     def reset_stop_flags(self) -> None:
         self._stop_requested = self._hard_stop = False
@@ -105,9 +126,15 @@ class EngineLoop:
         self._hard_stop = self._hard_stop or hard
         self.inbox.put(_WAKE)
 
+    def holds_pause(self) -> bool:
+        """Whether the calling thread is inside `pause()`."""
+        return self._pause_holders.get(threading.get_ident(), 0) > 0
+
     def acquire_pause(self, wait: Callable[[], bool]) -> None:
         with self._pause:
             self._pause_count += 1
+            ident = threading.get_ident()
+            self._pause_holders[ident] = self._pause_holders.get(ident, 0) + 1
             self.inbox.put(_WAKE)
             while wait() and not self._loop_paused:
                 self._pause.wait(timeout=0.05)
@@ -115,6 +142,10 @@ class EngineLoop:
     def release_pause(self) -> None:
         with self._pause:
             self._pause_count -= 1
+            ident = threading.get_ident()
+            self._pause_holders[ident] -= 1
+            if not self._pause_holders[ident]:
+                del self._pause_holders[ident]
             self._pause.notify_all()
 
     def stats(self) -> dict[str, int]:
@@ -176,7 +207,8 @@ class EngineLoop:
                     self._step()
         except BaseException as error:  # fail every request, never leave callers hanging
             logger.exception("engine thread crashed")
-            self.error = error
+            with self.submit_lock:      # from here on add_request refuses
+                self.error = error
             self._fail_all(f"engine error: {error!r}")
 
     def _wait_while_paused(self) -> None:
@@ -215,6 +247,7 @@ class EngineLoop:
             elif kind == "cancel":
                 self.scheduler.remove(payload)
                 self.router.forget(payload)
+                self._forget(payload)
 
     def _step(self) -> None:
         with self.step_lock:
@@ -230,6 +263,7 @@ class EngineLoop:
             finished = self._apply_samples(requests, result) if result is not None else []
             for request in finished:
                 self.scheduler.finish(request)
+                self._forget(request.request_id)
         for request in requests:
             if request.streaming or request.status is RequestStatus.FINISHED:
                 self.router.deliver(request.to_output())
@@ -260,6 +294,7 @@ class EngineLoop:
                     pending.append(item[1])
         for request in pending:
             request.fail(message)
+            self._forget(request.request_id)
             self.router.deliver(request.to_output())
 
 

@@ -60,15 +60,16 @@ class ContinuousBatchingManager:
         """Any thread. Queue one request; returns its id, or None (with a warning)
         when the manager is stopped. Raises InvalidRequestError, RequestTooLongError
         or QueueFullError for requests that cannot be served."""
-        if not self._accepting:
-            logger.warning("manager is not running: request %s refused", request_id)
-            return None
         request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
-        max_queue = self.config.max_queue_size
-        if max_queue and self.loop.num_pending() >= max_queue:
-            raise QueueFullError(f"{max_queue} requests are already queued (max_queue_size)")
-        self.loop.submit(request)
+        with self.loop.submit_lock:
+            if not self._accepting or self.loop.error is not None:
+                logger.warning("manager is not running: request %s refused", request.request_id)
+                return None
+            max_queue = self.config.max_queue_size
+            if max_queue and self.loop.num_pending() >= max_queue:
+                raise QueueFullError(f"{max_queue} requests are already queued (max_queue_size)")
+            self.loop.submit(request)
         return request.request_id
 
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None,
@@ -156,7 +157,9 @@ class ContinuousBatchingManager:
         if self._destroyed:
             raise RuntimeError("this manager was destroyed and cannot be restarted")
         if self.is_running():
-            return
+            if not self.loop.stop_requested:
+                return
+            self._thread.join()          # a stop(block=False) is still winding down
         self.loop.reset_stop_flags()
         self._thread = threading.Thread(target=self.loop.run, name="kvserve-engine", daemon=True)
         self._accepting = True
@@ -165,10 +168,14 @@ class ContinuousBatchingManager:
     def stop(self, block: bool = True, timeout: float | None = None,
              keep_for_next_session: bool = False, hard_stop: bool = False) -> None:
         """Refuse new requests; by default let queued and running ones finish, then end
-        the thread. `hard_stop` fails them (RuntimeError) and ends it at once."""
-        self._accepting = False
-        self.loop.request_stop(hard=hard_stop)
-        if block:
+        the thread. `hard_stop` fails them (RuntimeError) and ends it at once. Called
+        inside `pause()`, it does not wait: the thread ends once the pause is over."""
+        with self.loop.submit_lock:
+            self._accepting = False
+            self.loop.request_stop(hard=hard_stop)
+        if block and self.loop.holds_pause():
+            logger.warning("stop() inside pause(): the engine stops when the pause ends")
+        elif block:
             self.join(time.perf_counter(), timeout)
         if keep_for_next_session:
             self.model._cached_manager = self
@@ -183,6 +190,9 @@ class ContinuousBatchingManager:
         """Stop if running and free the cache. Idempotent; no restart afterwards."""
         if self._destroyed:
             return
+        if self.loop.holds_pause():
+            raise RuntimeError("destroy() cannot be called inside pause()")
+        self._accepting = False
         if self.is_running():
             self.stop(block=True)
         self.loop.release()

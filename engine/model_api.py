@@ -139,12 +139,14 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     torch_dtype = torch.float32 if mixed else torch.bfloat16 if int8 else parse_dtype(dtype)
     device = torch.device(device)
     started = time.perf_counter()
+    generation_config = None
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
         config, state = spec.config, spec.state_dict()
     else:
         model_dir = resolve_model_dir(str(spec), Path(cache_dir) if cache_dir else None)
         config = AutoConfig.from_pretrained(str(model_dir))
         state = read_state_dict(model_dir, progress)
+        generation_config = _generation_config_from(model_dir, config)
         if tokenizer is None and any((model_dir / name).is_file() for name in (
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -153,6 +155,22 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         module = use_bf16_weights(module)
     if int8:
         module = use_int8_weights(module)
-    model = EngineModel(module, config, tokenizer or None)
+    model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     return model
+
+
+def _generation_config_from(model_dir: Path, config) -> GenerationConfig | None:
+    """The model's own EOS ids from generation_config.json when it has one: they can
+    differ from config.json's (Llama 3 Instruct also stops at <|eot_id|>), and
+    transformers' generate stops at them. Sampling defaults there are not adopted:
+    the engine stays greedy unless asked."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return None
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    eos = HFGenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    return GenerationConfig(eos_token_id=list(eos) if isinstance(eos, (list, tuple)) else eos)

@@ -61,7 +61,10 @@ class OutputRouter:
             return
         callback, loop = handler
         if loop is None:
-            callback(output)
+            try:
+                callback(output)
+            except Exception:  # a caller's bug must not take the engine thread down
+                logger.exception("result handler for %s raised", output.request_id)
             return
         try:
             loop.call_soon_threadsafe(callback, output)

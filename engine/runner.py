@@ -65,6 +65,8 @@ class ModelRunner:
         if batch.swap_out or batch.swap_in:
             copy_blocks(self.cache, self.offload_cache, list(batch.swap_out))
             copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
+        if not batch.entries:
+            return [], None
         inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
                                    _sliding_blocks if self.sliding_pool else None)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)

@@ -131,8 +131,8 @@ class Scheduler:
         self.blocks.begin_step()
         step = _StepBuilder(self)
         SCHEDULER_MAPPING[self.policy](step)
-        if not step.entries:
-            return None
+        if not step.entries and not (self.blocks.swap_out or self.blocks.swap_in):
+            return None   # (copies recorded this step must still run: never dropped)
         return ScheduledBatch(entries=step.entries, preempted=step.preempted,
                               swap_out=self.blocks.swap_out, swap_in=self.blocks.swap_in)
 
@@ -235,8 +235,9 @@ class _StepBuilder:
         needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
         if not self._room_for(needed) or not blocks.grow(request, start + num_tokens):
             blocks.release(request)          # give the cached prefix back
-            request.num_computed_tokens = 0
+            request.num_computed_tokens = request.num_cached_tokens = 0
             return None
+        blocks.count_prefix_lookup(request)
         return num_tokens
 
     def _room_for(self, num_blocks: int) -> bool:

@@ -97,12 +97,17 @@ class BlockManager:
         extend_block_hashes(request.block_hashes, tokens, self.page_size)
         usable = (len(tokens) - 1) // self.page_size
         cached = self.allocator.lookup(request.block_hashes[:usable])
-        self.prefix_queried_tokens += len(tokens)
-        self.prefix_hit_tokens += len(cached) * self.page_size
         self.allocator.share(cached)
         request.block_ids = cached
         request.num_registered_blocks = len(cached)
         request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
+
+    def count_prefix_lookup(self, request: RequestState) -> None:
+        """Once a request is admitted: its tokens were looked up, `num_cached_tokens`
+        of them found (a request that waits and retries is counted once)."""
+        if self.allocator.enable_caching:
+            self.prefix_queried_tokens += request.num_tokens
+            self.prefix_hit_tokens += request.num_cached_tokens
 
     def register_full_blocks(self, request: RequestState, end: int) -> None:
         """Offer the blocks that `end` tokens fill to the prefix cache. Done at
