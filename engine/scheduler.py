@@ -158,9 +158,12 @@ class _StepBuilder:
         self.preempted: list[RequestState] = []
         self.budget = scheduler.max_batch_tokens
         self.scheduled_ids: set[str] = set()
+        self.reserved = 0
+        """Request slots and tokens held back for decodes scheduled later this step."""
 
     def _full(self) -> bool:
-        return self.budget <= 0 or len(self.entries) >= self.scheduler.max_requests_per_batch
+        return (self.budget - self.reserved <= 0
+                or len(self.entries) + self.reserved >= self.scheduler.max_requests_per_batch)
 
     def _add(self, request: RequestState, num_tokens: int) -> None:
         start = request.num_computed_tokens
@@ -182,7 +185,7 @@ class _StepBuilder:
             remaining = request.num_tokens - request.num_computed_tokens
             if prefills is not None and (remaining > 1) != prefills:
                 continue
-            num_tokens = min(remaining, self.budget)
+            num_tokens = min(remaining, self.budget - self.reserved)
             while not sched.blocks.grow(request, request.num_computed_tokens + num_tokens):
                 victim = self._pick_victim(request)
                 self._preempt(victim)
@@ -223,7 +226,7 @@ class _StepBuilder:
         sched, blocks = self.scheduler, self.scheduler.blocks
         if request.offloaded_slots:
             start = request.offloaded_tokens
-            num_tokens = min(request.num_tokens - start, self.budget)
+            num_tokens = min(request.num_tokens - start, self.budget - self.reserved)
             if not self._room_for(blocks_needed(start + num_tokens, sched.page_size)):
                 return None
             blocks.restore(request)
@@ -231,7 +234,7 @@ class _StepBuilder:
             return num_tokens
         blocks.take_cached_prefix(request)
         start = request.num_computed_tokens
-        num_tokens = min(request.num_tokens - start, self.budget)
+        num_tokens = min(request.num_tokens - start, self.budget - self.reserved)
         needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
         if not self._room_for(needed) or not blocks.grow(request, start + num_tokens):
             blocks.release(request)          # give the cached prefix back
@@ -258,8 +261,13 @@ def _fifo(step: _StepBuilder) -> None:
 
 
 def _prefill_first(step: _StepBuilder) -> None:
+    # Prefills go first, but one slot and one token per decoding request are held
+    # back, so a stream of arrivals can never starve the requests already decoding.
+    step.reserved = sum(1 for r in step.scheduler.running
+                        if r.num_tokens - r.num_computed_tokens == 1)
     step.schedule_running(prefills=True)
     step.admit_waiting()
+    step.reserved = 0
     step.schedule_running(prefills=False)
 
 

@@ -63,8 +63,23 @@ def test_prefill_first_puts_prefills_before_decodes():
     batch = run_step(scheduler)
     assert [(e.request.request_id, e.num_tokens) for e in batch.entries] == [("b", 8), ("a", 1)]
     scheduler.add(make_request("c", 30))
-    batch = run_step(scheduler)             # prefills take the whole budget first
-    assert [(e.request.request_id, e.num_tokens) for e in batch.entries] == [("c", 10)]
+    batch = run_step(scheduler)             # prefills first, but each decode keeps a token
+    assert [(e.request.request_id, e.num_tokens) for e in batch.entries] == \
+        [("c", 8), ("a", 1), ("b", 1)]
+
+
+def test_prefill_first_arrivals_never_starve_decodes():
+    scheduler = make_scheduler(budget=64, max_requests=2, policy="prefill_first")
+    scheduler.add(make_request("a", 3, max_new_tokens=6))
+    run_step(scheduler)
+    for index in range(4):                  # a queue of prompts waiting to start
+        scheduler.add(make_request(f"new{index}", 5, max_new_tokens=4))
+    while scheduler.has_work():
+        decoding = [r for r in scheduler.running
+                    if r.num_tokens - r.num_computed_tokens == 1]
+        batch = run_step(scheduler)
+        # every request already decoding gets its token: admissions wait for room
+        assert set(decoding) <= {e.request for e in batch.entries}
 
 
 def test_max_requests_per_batch_caps_entries():
