@@ -34,7 +34,10 @@ def _slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[i
 
 def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.device,
                       sliding_window: int | None = None,
-                      sliding_blocks: Callable[[RequestState], list[int]] | None = None) -> StepInputs:
+                      sliding_blocks: Callable[[RequestState], list[int]] | None = None,
+                      full_layers: bool = True) -> StepInputs:
+    """`full_layers=False` (every layer slides, as in Mistral) skips the full-attention
+    group's metadata, which no layer would read."""
     input_ids: list[int] = []
     positions: list[int] = []
     logits_rows: list[int] = []
@@ -46,11 +49,13 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
         if entry.samples:
             logits_rows.append(row + entry.num_tokens - 1)
             sampling_entries.append(index)
-    meta = build_group_meta(batch, page_size, device, None, lambda r: r.block_ids)
+    meta = None
+    if full_layers or sliding_window is None:
+        meta = build_group_meta(batch, page_size, device, None, lambda r: r.block_ids)
     if sliding_window is not None:
         sliding = build_group_meta(batch, page_size, device, sliding_window,
                                    sliding_blocks or (lambda r: r.block_ids))
-        meta = replace(meta, sliding=sliding)
+        meta = replace(meta or sliding, sliding=sliding)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -68,7 +73,8 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
     slot_mapping: list[int] = []
     cu_seqlens_q = [0]
     decode_rows: list[int] = []
-    decode_slots: list[list[int]] = []
+    decode_tables: list[list[int | None]] = []
+    decode_spans: list[tuple[int, int]] = []
     prefills: list[PrefillSlice] = []
     for entry in batch.entries:
         block_ids, start, end = blocks_of(entry.request), entry.start, entry.end
@@ -78,7 +84,8 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
         first_key = 0 if window is None else max(0, end - window)
         if entry.num_tokens == 1:
             decode_rows.append(row)
-            decode_slots.append(_slots(block_ids, page_size, first_key, end))
+            decode_tables.append(block_ids)
+            decode_spans.append((first_key, end))
         else:
             prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device))
     meta = AttentionMetadata(
@@ -90,7 +97,7 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
         block_tables=[blocks_of(e.request) for e in batch.entries], window=window,
     )
     if decode_rows:
-        meta = _with_decodes(meta, decode_rows, decode_slots, device)
+        meta = _with_decodes(meta, decode_rows, decode_tables, decode_spans, page_size, device)
     return meta
 
 
@@ -110,15 +117,26 @@ def _prefill_slice(block_ids: list[int], page_size: int, row: int, start: int, e
     return PrefillSlice(row, row + num_tokens, start, kv_slots, mask)
 
 
-def _with_decodes(meta: AttentionMetadata, rows: list[int], slots: list[list[int]],
+def _with_decodes(meta: AttentionMetadata, rows: list[int], tables: list[list[int | None]],
+                  spans: list[tuple[int, int]], page_size: int,
                   device: torch.device) -> AttentionMetadata:
-    longest = max(len(s) for s in slots)
-    padded = [s + [0] * (longest - len(s)) for s in slots]
-    lengths = torch.tensor([len(s) for s in slots], device=device)
-    mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]   # [D, L]
+    """Context slots of the decode requests, computed with tensor ops from their block
+    tables (Python touches blocks, not tokens). Request d attends positions
+    spans[d] = [first_key, end); rows are padded to the longest span with the
+    request's own last position, which the mask hides."""
+    width = max(len(t) for t in tables)
+    table = torch.tensor([[b if b is not None else 0 for b in t] + [0] * (width - len(t))
+                          for t in tables], dtype=torch.long, device=device)      # [D, blocks]
+    first = torch.tensor([f for f, _ in spans], dtype=torch.long, device=device)[:, None]
+    end = torch.tensor([e for _, e in spans], dtype=torch.long, device=device)[:, None]
+    longest = int((end - first).max())
+    positions = first + torch.arange(longest, device=device)[None, :]            # [D, L]
+    mask = positions < end                                                       # [D, L]
+    positions = torch.minimum(positions, end - 1)
+    slots = table.gather(1, positions // page_size) * page_size + positions % page_size
     return replace(
         meta,
         decode_rows=torch.tensor(rows, dtype=torch.long, device=device),
-        decode_kv_slots=torch.tensor(padded, dtype=torch.long, device=device),
+        decode_kv_slots=slots,
         decode_mask=mask[:, None, None, :],       # [D, 1, 1, L]: broadcast over heads
     )

@@ -67,17 +67,15 @@ class RequestState:
     def all_tokens(self) -> list[int]:
         return self.prompt_ids + self.generated_tokens
 
-    def token_at(self, position: int) -> int:
-        num_prompt = len(self.prompt_ids)
-        if position < num_prompt:
-            return self.prompt_ids[position]
-        return self.generated_tokens[position - num_prompt]
-
     def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens at positions start..end-1 of prompt + generated, copying only those
+        (called every step for every scheduled request)."""
         num_prompt = len(self.prompt_ids)
         if end <= num_prompt:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.generated_tokens)[start:end]
+        if start >= num_prompt:
+            return self.generated_tokens[start - num_prompt:end - num_prompt]
+        return self.prompt_ids[start:] + self.generated_tokens[:end - num_prompt]
 
     def append_token(self, token_id: int) -> None:
         """Record one sampled token and decide whether the request is done. As in

@@ -30,6 +30,7 @@ class ModelRunner:
         self.sliding_window = getattr(model, "sliding_window", None)
         layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
         self.sliding_pool = bool(sizing.num_sliding_blocks)
+        self.has_full_layers = not all(layer_is_sliding)
         layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
                             else sizing.num_blocks for sliding in layer_is_sliding]
         self.cache = PagedKVCache(
@@ -67,8 +68,7 @@ class ModelRunner:
             copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
         if not batch.entries:
             return [], None
-        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
-                                   _sliding_blocks if self.sliding_pool else None)
+        inputs = self._inputs(batch)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         requests = [batch.entries[i].request for i in inputs.sampling_entries]
         if not requests:
@@ -76,11 +76,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_rows])   # [S, vocab] fp32
         return requests, self.sampler.sample(logits, requests)
 
+    def _inputs(self, batch: ScheduledBatch):
+        return build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
+                                 _sliding_blocks if self.sliding_pool else None,
+                                 self.has_full_layers)
+
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
-        inputs = build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
-                                   _sliding_blocks if self.sliding_pool else None)
+        inputs = self._inputs(batch)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         return self.model.compute_logits(hidden)
 

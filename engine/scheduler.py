@@ -180,8 +180,9 @@ class _StepBuilder:
         for request in list(sched.running):
             if self._full():
                 return
-            if request.request_id in self.scheduled_ids or request not in sched.running:
-                continue
+            if (request.request_id in self.scheduled_ids
+                    or request.status is RequestStatus.PENDING):
+                continue    # already in this batch, or preempted earlier in this loop
             remaining = request.num_tokens - request.num_computed_tokens
             if prefills is not None and (remaining > 1) != prefills:
                 continue

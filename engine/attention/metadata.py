@@ -41,7 +41,7 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None    # [D] long: rows of requests feeding exactly one token
     decode_kv_slots: torch.Tensor | None
     """[D, L] long: cache slots of each decode request's context, padded to the longest
-    (L) with slot 0."""
+    (L) with the request's own last slot (hidden by decode_mask)."""
     decode_mask: torch.Tensor | None    # [D, 1, 1, L] bool, True on real context slots
     prefills: list[PrefillSlice]
     page_size: int

@@ -7,9 +7,9 @@ Block b of every layer together is "block b": the allocator hands out block ids,
 request's token at position p lives at page offset p % page_size of block
 block_ids[p // page_size] in every layer.
 
-Tensors are left uninitialised (on a CPU host, pages never touched cost no RAM); only
-block 0 is zeroed, since padded decode contexts point at slot 0 and a masked-out
-padding value must never be NaN. Every other slot is written before it is read.
+Tensors are left uninitialised (on a CPU host, pages never touched cost no RAM): every
+slot is written before it is read, and padded decode contexts repeat the request's own
+last slot, so no garbage (or NaN) ever reaches attention.
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ class PagedKVCache:
         counts = layer_num_blocks or [num_blocks] * num_layers
 
         def make(count: int) -> torch.Tensor:
-            tensor = torch.empty((count, page_size, num_kv_heads, head_dim), dtype=dtype,
-                                 device=device, pin_memory=pin_memory)
-            tensor[0].zero_()
-            return tensor
+            return torch.empty((count, page_size, num_kv_heads, head_dim), dtype=dtype,
+                               device=device, pin_memory=pin_memory)
 
         self.key_caches = [make(count) for count in counts]
         self.value_caches = [make(count) for count in counts]
