@@ -19,6 +19,7 @@ import threading
 from typing import Callable
 
 from .config import ContinuousBatchingConfig
+from .distributed import StepSync
 from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
@@ -55,9 +56,13 @@ class EngineLoop:
             num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
             sliding_window=sliding_window if pooled else None,
             max_context=getattr(hf_config, "max_position_embeddings", None))
+        num_offload_blocks = offload_num_blocks(config, self.sizing)
+        self.step_sync = _step_sync(model, config)
+        if self.step_sync is not None:   # every rank must size its cache like the driver's
+            self.sizing, num_offload_blocks = self.step_sync.group.broadcast(
+                (self.sizing, num_offload_blocks))
         self.allocator = BlockAllocator(self.sizing.num_blocks,
                                         enable_caching=config.allow_block_sharing)
-        num_offload_blocks = offload_num_blocks(config, self.sizing)
         self.scheduler = Scheduler(
             self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
             self.sizing.max_requests_per_batch, config.resolved_safety_margin,
@@ -65,7 +70,8 @@ class EngineLoop:
             offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
-        self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks)
+        self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks,
+                                  self.step_sync)
         self.max_blocks_per_request = resolve_max_blocks_per_request(
             config, self.sizing.page_size, workload_hints)
         self.decode_fast_path = decode_fast_path(config, self.max_blocks_per_request,
@@ -174,8 +180,16 @@ class EngineLoop:
         with self.step_lock:
             self.scheduler.check_invariants()
 
+    @property
+    def is_driver(self) -> bool:
+        """False only on a follower rank of a tensor-parallel run."""
+        return self.step_sync is None or self.step_sync.is_driver
+
     def warmup(self) -> None:
-        """Run one dummy prefill of up to a page of tokens through the model."""
+        """Run one dummy prefill of up to a page of tokens through the model (on a
+        follower rank: nothing, it runs the driver's warmup step)."""
+        if not self.is_driver:
+            return
         with self.step_lock:
             num_tokens = min(self.sizing.page_size, self.sizing.max_batch_tokens)
             dummy = RequestState("__warmup__", [0] * num_tokens, 1, (), sampling=_greedy_params())
@@ -194,10 +208,18 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def run(self) -> None:
+        if not self.is_driver:
+            try:
+                self.runner.follow()
+            except BaseException as error:   # a dead driver: the control group timed out
+                logger.exception("follower rank failed")
+                self.error = error
+            return
         try:
             while True:
                 self._wait_while_paused()
                 self._drain_inbox(block=not self.scheduler.has_work())
+                self._keep_followers_waiting()
                 if self._hard_stop:
                     self._fail_all("RuntimeError: the manager was hard-stopped")
                     return
@@ -210,6 +232,20 @@ class EngineLoop:
             with self.submit_lock:      # from here on add_request refuses
                 self.error = error
             self._fail_all(f"engine error: {error!r}")
+        finally:
+            self._stop_followers()
+
+    def _keep_followers_waiting(self) -> None:
+        if self.step_sync is not None:
+            self.step_sync.send_idle_if_due()
+
+    def _stop_followers(self) -> None:
+        if self.step_sync is None:
+            return
+        try:
+            self.step_sync.send_stop()
+        except Exception:   # a follower died: its peers fail on their own timeout
+            logger.exception("could not tell the follower ranks to stop")
 
     def _wait_while_paused(self) -> None:
         with self._pause:
@@ -219,6 +255,7 @@ class EngineLoop:
             self._pause.notify_all()
             while self._pause_count > 0 and not self._hard_stop:
                 self._pause.wait(timeout=0.05)
+                self._keep_followers_waiting()
             self._loop_paused = False
 
     def _drain_inbox(self, block: bool) -> None:
@@ -296,6 +333,16 @@ class EngineLoop:
             request.fail(message)
             self._forget(request.request_id)
             self.router.deliver(request.to_output())
+
+
+def _step_sync(model, config: ContinuousBatchingConfig) -> StepSync | None:
+    """The step messenger of a tensor-parallel model (every rank gets a control group
+    with this manager's `cpu_group_timeout`), else None."""
+    group = getattr(model, "tp_group", None)
+    if group is None:
+        return None
+    group.set_control_timeout(config.cpu_group_timeout)
+    return StepSync(group, config.cpu_group_timeout)
 
 
 def _greedy_params():

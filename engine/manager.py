@@ -59,7 +59,11 @@ class ContinuousBatchingManager:
                     **logit_processor_kwargs: Any) -> str | None:
         """Any thread. Queue one request; returns its id, or None (with a warning)
         when the manager is stopped. Raises InvalidRequestError, RequestTooLongError
-        or QueueFullError for requests that cannot be served."""
+        or QueueFullError for requests that cannot be served. On a follower rank of
+        a tensor-parallel run it queues nothing (the driver rank owns requests) and
+        returns the id."""
+        if not self.loop.is_driver:
+            return str(request_id) if request_id is not None else f"req_{next(self._ids)}"
         request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
         with self.loop.submit_lock:
@@ -218,6 +222,12 @@ class ContinuousBatchingManager:
     def switch_to_cb_friendly_attn(self, model=None, auto_switch_to_flash: bool = True) -> str:
         from .attention.backend import switch_to_cb_friendly_attn
         return switch_to_cb_friendly_attn((model or self.model).module, auto_switch_to_flash)
+
+    @property
+    def is_driver(self) -> bool:
+        """True unless this is a follower rank of a tensor-parallel run, where requests
+        and results live on rank 0 only."""
+        return self.loop.is_driver
 
     # -- introspection -------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

@@ -29,6 +29,8 @@ class EngineModel:
             eos = tokenizer.eos_token_id
         self.generation_config = generation_config or GenerationConfig(eos_token_id=eos)
         self._cached_manager = None
+        self.tp_group = getattr(module, "tp_group", None)
+        """TensorParallelGroup when the weights are sharded over torchrun ranks."""
 
     def _resolve_generation_config(self, generation_config) -> GenerationConfig:
         if generation_config is None:
@@ -73,9 +75,8 @@ class EngineModel:
                        progress_bar: bool = False, persistent_manager: bool = False,
                        warmup: bool = True, **kwargs: Any) -> dict[str, GenerationOutput]:
         """Generate for every prompt; blocks until all are done. Returns outputs keyed
-        by request id, in the order of `inputs`."""
-        from tqdm.auto import tqdm
-
+        by request id, in the order of `inputs`. Under tensor parallelism every rank
+        calls it with the same arguments and every rank returns the outputs."""
         hints = {"num_requests": len(inputs),
                  "max_prompt_length": max((len(i) for i in inputs), default=0),
                  "max_generated_length": kwargs.get("max_new_tokens") or GenerationConfig.from_any(
@@ -83,30 +84,52 @@ class EngineModel:
         manager = self.init_continuous_batching(generation_config, continuous_batching_config,
                                                 workload_hints=hints)
         manager.start()
-        results: dict[str, GenerationOutput] = {}
         try:
             if warmup:
                 manager.warmup()
-            max_new_tokens = kwargs.pop("max_new_tokens", None)
-            ids = manager.add_requests(inputs, max_new_tokens=max_new_tokens,
-                                       record_timestamps=record_timestamps, **kwargs)
-            with tqdm(total=len(ids), disable=not progress_bar, desc="Generating") as bar:
-                while len(results) < len(ids):
-                    result = manager.get_result(timeout=0.5)
-                    if result is not None and result.is_finished():
-                        results[result.request_id] = result
-                        bar.update(1)
-                    elif result is None and not manager.is_running():
-                        raise RuntimeError("the engine thread stopped before all requests finished")
+            outcome = (self._collect(manager, inputs, record_timestamps, progress_bar, kwargs)
+                       if manager.is_driver else manager.join())
+        except Exception as error:
+            if self.tp_group is None:
+                raise
+            outcome = error
         finally:
             manager.stop(block=True, keep_for_next_session=persistent_manager)
             if not persistent_manager:
                 manager.destroy()
+        if self.tp_group is not None:    # every rank returns the driver's outputs
+            shared = self.tp_group.broadcast(
+                RuntimeError(f"generate_batch failed on the driver rank: {outcome!r}")
+                if isinstance(outcome, Exception) else outcome)
+            outcome = outcome if manager.is_driver else shared
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    @staticmethod
+    def _collect(manager, inputs, record_timestamps: bool, progress_bar: bool,
+                 kwargs: dict) -> dict[str, GenerationOutput]:
+        from tqdm.auto import tqdm
+
+        results: dict[str, GenerationOutput] = {}
+        max_new_tokens = kwargs.pop("max_new_tokens", None)
+        ids = manager.add_requests(inputs, max_new_tokens=max_new_tokens,
+                                   record_timestamps=record_timestamps, **kwargs)
+        with tqdm(total=len(ids), disable=not progress_bar, desc="Generating") as bar:
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=0.5)
+                if result is not None and result.is_finished():
+                    results[result.request_id] = result
+                    bar.update(1)
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("the engine thread stopped before all requests finished")
         return {rid: results[rid] for rid in ids}
 
     @torch.inference_mode()
     def prompt_logits(self, input_ids: list[int], page_size: int = 16) -> torch.Tensor:
         """fp32 logits [len(input_ids), vocab] of one prompt through the paged path."""
+        if self.tp_group is not None:
+            raise RuntimeError("prompt_logits runs on a single process, not under tensor parallelism")
         from .generation_config import SamplingParams
         from .kv_cache.allocator import BlockAllocator
         from .kv_cache.sizing import CacheSizing
@@ -125,8 +148,13 @@ class EngineModel:
 
 def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                cache_dir: str | Path | None = None, progress: bool = True,
-               tokenizer: Any = None) -> EngineModel:
-    """Load a model for the engine; see engine.loading for the accepted specs."""
+               tokenizer: Any = None, tp_size: int = 1,
+               cpu_group_timeout: float | None = 300.0) -> EngineModel:
+    """Load a model for the engine; see engine.loading for the accepted specs.
+
+    `tp_size` > 1 shards the weights over that many processes, which must have been
+    started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
+    each rank uses the GPU of its LOCAL_RANK."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .loading import parse_dtype, read_state_dict, resolve_model_dir
@@ -135,6 +163,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
                                          use_int8_weights)
 
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     mixed, int8 = dtype in MIXED_DTYPE_NAMES, dtype in INT8_DTYPE_NAMES
     torch_dtype = torch.float32 if mixed else torch.bfloat16 if int8 else parse_dtype(dtype)
     device = torch.device(device)
@@ -150,7 +180,10 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         if tokenizer is None and any((model_dir / name).is_file() for name in (
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    module = build_model(config, state, torch_dtype, device)
+    if tp_size > 1:
+        module = _build_sharded(config, state, torch_dtype, device, tp_size, cpu_group_timeout)
+    else:
+        module = build_model(config, state, torch_dtype, device)
     if mixed:
         module = use_bf16_weights(module)
     if int8:
@@ -158,6 +191,21 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     return model
+
+
+def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,
+                   timeout_s: float | None) -> torch.nn.Module:
+    """Build the whole model on the host, keep this rank's shard, move it to its device."""
+    from .distributed import check_shardable, init_tensor_parallel, shard_model
+    from .models import build_model
+
+    check_shardable(config, tp_size)          # before joining: a bad size fails at once
+    group = init_tensor_parallel(tp_size, device, timeout_s)
+    module = shard_model(build_model(config, state, dtype, torch.device("cpu")), group)
+    module = module.to(group.device)
+    module.reset_buffers(group.device)
+    module.tp_group = group
+    return module
 
 
 def _generation_config_from(model_dir: Path, config) -> GenerationConfig | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import build_step_inputs
+from .batch import StepInputs, build_step_inputs
+from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
 from .requests import RequestState
@@ -20,9 +21,12 @@ SMALL_STEP_TOKENS = 8
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
-                 num_offload_blocks: int = 0) -> None:
+                 num_offload_blocks: int = 0, step_sync: StepSync | None = None) -> None:
         parameter = next(model.parameters())
         self.model = model
+        self.step_sync = step_sync
+        """Under tensor parallelism: the driver sends each step's plan through it,
+        a follower runs `follow()` instead of `step()`."""
         self.device = parameter.device
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
@@ -62,22 +66,41 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:
         """Run `batch`; returns the requests that sampled a token and their results."""
-        self._set_threads_for(batch.num_tokens)
-        if batch.swap_out or batch.swap_in:
-            copy_blocks(self.cache, self.offload_cache, list(batch.swap_out))
-            copy_blocks(self.offload_cache, self.cache, list(batch.swap_in))
-        if not batch.entries:
+        plan = StepPlan(list(batch.swap_out), list(batch.swap_in),
+                        self._inputs(batch) if batch.entries else None)
+        if self.step_sync is not None:
+            self.step_sync.send_plan(plan)
+        hidden = self._run_plan(plan)
+        if hidden is None:
             return [], None
-        inputs = self._inputs(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
-        requests = [batch.entries[i].request for i in inputs.sampling_entries]
+        requests = [batch.entries[i].request for i in plan.inputs.sampling_entries]
         if not requests:
             return [], None
-        logits = self.model.compute_logits(hidden[inputs.logits_rows])   # [S, vocab] fp32
+        logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S, vocab] fp32
         return requests, self.sampler.sample(logits, requests)
 
-    def _inputs(self, batch: ScheduledBatch):
-        return build_step_inputs(batch, self.page_size, self.device, self.sliding_window,
+    @torch.inference_mode()
+    def follow(self) -> None:
+        """Follower rank: run the driver's plans until it stops the engine."""
+        while (plan := self.step_sync.receive()) is not None:
+            self._run_plan(plan)
+
+    def _run_plan(self, plan: StepPlan) -> torch.Tensor | None:
+        """Copy offloaded blocks, then run the forward: final hidden states [T, hidden]."""
+        inputs = plan.inputs
+        if self.step_sync is not None and inputs is not None and self.device.type != "cpu":
+            inputs = to_device(inputs, self.device)     # plans travel on the host
+        self._set_threads_for(0 if inputs is None else inputs.input_ids.numel())
+        if plan.swap_out or plan.swap_in:
+            copy_blocks(self.cache, self.offload_cache, plan.swap_out)
+            copy_blocks(self.offload_cache, self.cache, plan.swap_in)
+        if inputs is None:
+            return None
+        return self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+
+    def _inputs(self, batch: ScheduledBatch) -> StepInputs:
+        device = self.device if self.step_sync is None else torch.device("cpu")
+        return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
                                  self.has_full_layers)
 

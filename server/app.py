@@ -42,18 +42,23 @@ def load_engine_model(settings: ServerSettings) -> Any:
     from engine import load_model
 
     model = load_model(settings.model, dtype=settings.dtype,
-                       device=resolve_device(settings.device), progress=False)
+                       device=resolve_device(settings.device), progress=False,
+                       tp_size=settings.tp_size)
     if model.tokenizer is None:
         raise RuntimeError(f"model {settings.model!r} has no tokenizer; the server needs one")
     return model
 
 
-def start_engine(settings: ServerSettings, model: Any) -> AsyncEngine:
+def init_manager(settings: ServerSettings, model: Any) -> Any:
+    """The engine's manager for `settings` (on every tensor-parallel rank alike)."""
     # The server sends per-request sampling parameters, hence per_request_processors.
     cb_config = settings.continuous_batching_config().replace(per_request_processors=True)
-    manager = model.init_continuous_batching(generation_config=model.generation_config,
-                                             continuous_batching_config=cb_config)
-    engine = AsyncEngine(manager)
+    return model.init_continuous_batching(generation_config=model.generation_config,
+                                          continuous_batching_config=cb_config)
+
+
+def start_engine(settings: ServerSettings, model: Any) -> AsyncEngine:
+    engine = AsyncEngine(init_manager(settings, model))
     engine.start()
     return engine
 

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or int8-weights (int8 weights, bf16 activations: lowest latency for "
                         "a few streams, least accurate)")
     add("--device", help="auto, cpu, cuda or cuda:N")
+    add("--tp-size", type=int, help="tensor-parallel processes (launch with torchrun "
+                                     "--nproc-per-node TP_SIZE -m server ...)")
     add("--max-request-bytes", type=int, help="largest request body accepted")
     add("--request-timeout", dest="request_timeout_s", type=float,
         help="seconds a generation may run before it is cancelled (504)")

@@ -66,6 +66,9 @@ class ServerSettings(BaseModel):
                    "int8-weights"] = "float32"
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
+    tp_size: int = Field(1, ge=1)
+    """Tensor-parallel processes sharing the model; > 1 needs a launch with
+    `torchrun --nproc-per-node <tp_size> -m server ...` (rank 0 serves HTTP)."""
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     """Largest accepted request body; bigger ones get 413. 4 MiB holds a prompt of
     about a million tokens of text, far past any context window served here."""

@@ -15,7 +15,7 @@ CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
 
 
 def test_the_deployments_are_all_there():
-    assert {p.name for p in CONFIG_FILES} >= {"default.yaml", "gpu.yaml"}
+    assert {p.name for p in CONFIG_FILES} >= {"default.yaml", "gpu.yaml", "tp.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
@@ -49,3 +49,9 @@ def test_default_config_is_a_safe_cpu_default():
     settings = parse_settings(["--config", str(CONFIGS / "default.yaml")], environ={})
     assert settings.host == "127.0.0.1" and settings.cors_allow_origins == []
     assert not settings.enable_fault_injection and not settings.log_prompts
+
+
+def test_tp_config_splits_a_model_over_gpus():
+    settings = parse_settings(["--config", str(CONFIGS / "tp.yaml")], environ={})
+    assert settings.tp_size > 1 and settings.device == "cuda"
+    assert "torchrun" in (CONFIGS / "tp.yaml").read_text()

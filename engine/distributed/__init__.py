@@ -1,0 +1,9 @@
+"""Tensor parallelism over torch.distributed (SPEC section 6): process groups,
+weight sharding and the driver-to-follower step messages."""
+
+from .group import TensorParallelError, TensorParallelGroup, init_tensor_parallel
+from .sharding import check_shardable, shard_model
+from .step_sync import StepPlan, StepSync, to_device
+
+__all__ = ["TensorParallelError", "TensorParallelGroup", "init_tensor_parallel",
+           "check_shardable", "shard_model", "StepPlan", "StepSync", "to_device"]
