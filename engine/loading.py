@@ -90,6 +90,14 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     return download_from_hub(spec)
 
 
+def gguf_source(spec: str, cache_dir: Path | None = None) -> Path | None:
+    """The GGUF file behind `spec` (an embedded alias or a .gguf path), else None."""
+    if spec in EMBEDDED_MODELS:
+        return resolve_embedded(spec, Path(cache_dir) if cache_dir else None)
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def download_from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download

@@ -5,6 +5,7 @@ section 2 (`generate_batch`, `init_continuous_batching`,
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import torch
 from .config import ContinuousBatchingConfig
 from .generation_config import GenerationConfig
 from .outputs import GenerationOutput
+
+logger = logging.getLogger(__name__)
 
 
 class EngineModel:
@@ -149,8 +152,14 @@ class EngineModel:
 def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                cache_dir: str | Path | None = None, progress: bool = True,
                tokenizer: Any = None, tp_size: int = 1,
-               cpu_group_timeout: float | None = 300.0) -> EngineModel:
+               cpu_group_timeout: float | None = 300.0,
+               block_kernels: bool = True) -> EngineModel:
     """Load a model for the engine; see engine.loading for the accepted specs.
+
+    `block_kernels`: for a GGUF model in float32 on CPU, decode steps multiply
+    straight from the file's Q4_1/Q8_0 blocks (the same weights in a fifth of the
+    bytes, fp32 arithmetic; see models/block_weights.py); False keeps dense matmuls
+    everywhere (bit-level parity with transformers' fp32 matmuls).
 
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
@@ -184,6 +193,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         module = _build_sharded(config, state, torch_dtype, device, tp_size, cpu_group_timeout)
     else:
         module = build_model(config, state, torch_dtype, device)
+    if block_kernels and tp_size == 1 and torch_dtype == torch.float32 and not mixed \
+            and device.type == "cpu" and not isinstance(spec, torch.nn.Module):
+        _use_gguf_blocks(module, str(spec), cache_dir, config)
     if mixed:
         module = use_bf16_weights(module)
     if int8:
@@ -191,6 +203,22 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     return model
+
+
+def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
+    from .kernels import load_block_kernels
+    from .loading import gguf_source
+    from .models.block_weights import use_gguf_blocks
+
+    source = gguf_source(spec, Path(cache_dir) if cache_dir else None)
+    if source is None:
+        return
+    kernels = load_block_kernels()
+    if kernels is None:
+        return
+    installed = use_gguf_blocks(module, source, config, kernels)
+    logger.info("decode steps read %d projections from %s's quantized blocks", installed,
+                source.name)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

@@ -126,9 +126,9 @@ class LlamaFamilyForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
-        int8_head = getattr(self, "int8_lm_head", None)
-        if int8_head is not None:
-            return int8_head(hidden).float()
+        head = getattr(self, "int8_lm_head", None) or getattr(self, "block_lm_head", None)
+        if head is not None:
+            return head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(hidden, weight).float()
 

@@ -1,0 +1,108 @@
+/* Matrix products of a few activation rows against weights kept in GGUF-style blocks
+ * of 32, accumulated in fp32: y[M, N] = x[M, K] @ W^T.
+ *
+ * Row n of W is K/32 blocks. q4 (GGUF Q4_1): 16 bytes per block, byte j holding
+ * element j in its low nibble and element j+16 in its high one, with a scale d and a
+ * minimum m per block: w = d * q + m. q8 (GGUF Q8_0): 32 signed bytes and a scale d
+ * per block: w = d * q. Scales and minima arrive as fp32 arrays [N, K/32].
+ *
+ * Per block the kernel forms d * (q . x) + m * sum(x), the same value as the dot
+ * product with the dequantized weights up to rounding. It is meant for decode steps
+ * (M of 1 to a few rows), where the product is bound by reading W: a Q4_1 weight
+ * costs 5 bits against fp32's 32. Columns are split over `num_threads` OpenMP threads.
+ * Built at run time with -march=native (engine/kernels/build.py); without AVX-512 a
+ * portable loop does the same arithmetic.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#define BLOCK 32
+
+static float q4_dot(const uint8_t *q, const float *d, const float *m, const float *x,
+                    const float *xsum, int64_t blocks) {
+    float min_part = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[b];
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    const __m128i low_mask = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(q + b * 16));
+        __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low_mask)));
+        __m512 high = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask)));
+        __m512 block = _mm512_mul_ps(low, _mm512_loadu_ps(x + b * BLOCK));
+        block = _mm512_fmadd_ps(high, _mm512_loadu_ps(x + b * BLOCK + 16), block);
+        acc = _mm512_fmadd_ps(block, _mm512_set1_ps(d[b]), acc);
+    }
+    return _mm512_reduce_add_ps(acc) + min_part;
+#else
+    float total = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float block = 0.0f;
+        for (int j = 0; j < 16; j++)
+            block += (float)(q[b * 16 + j] & 0x0F) * x[b * BLOCK + j]
+                   + (float)(q[b * 16 + j] >> 4) * x[b * BLOCK + j + 16];
+        total += d[b] * block;
+    }
+    return total + min_part;
+#endif
+}
+
+static float q8_dot(const int8_t *q, const float *d, const float *x, int64_t blocks) {
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        __m128i first = _mm_loadu_si128((const __m128i *)(q + b * BLOCK));
+        __m128i second = _mm_loadu_si128((const __m128i *)(q + b * BLOCK + 16));
+        __m512 block = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)),
+                                     _mm512_loadu_ps(x + b * BLOCK));
+        block = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)),
+                                _mm512_loadu_ps(x + b * BLOCK + 16), block);
+        acc = _mm512_fmadd_ps(block, _mm512_set1_ps(d[b]), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+#else
+    float total = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float block = 0.0f;
+        for (int j = 0; j < BLOCK; j++) block += (float)q[b * BLOCK + j] * x[b * BLOCK + j];
+        total += d[b] * block;
+    }
+    return total;
+#endif
+}
+
+int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
+            const float *m, int64_t n, float *y, int num_threads) {
+    if (k % BLOCK) return 1;
+    const int64_t blocks = k / BLOCK;
+    float *xsum = malloc(sizeof(float) * rows * blocks);       /* [rows, blocks] */
+    if (!xsum) return 2;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < BLOCK; j++) s += x[r * k + b * BLOCK + j];
+            xsum[r * blocks + b] = s;
+        }
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t col = 0; col < n; col++)
+        for (int64_t r = 0; r < rows; r++)
+            y[r * n + col] = q4_dot(q + col * (k / 2), d + col * blocks, m + col * blocks,
+                                    x + r * k, xsum + r * blocks, blocks);
+    free(xsum);
+    return 0;
+}
+
+int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *d,
+            int64_t n, float *y, int num_threads) {
+    if (k % BLOCK) return 1;
+    const int64_t blocks = k / BLOCK;
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t col = 0; col < n; col++)
+        for (int64_t r = 0; r < rows; r++)
+            y[r * n + col] = q8_dot(q + col * k, d + col * blocks, x + r * k, blocks);
+    return 0;
+}

@@ -1,0 +1,111 @@
+"""Build and load the block-weight kernels of block_gemm.c.
+
+The C file is compiled once per machine with the system C compiler (`cc -O3
+-march=native -fopenmp`) into `<cache>/kernels/`, keyed by the source, the compiler
+and the CPU's feature flags, and loaded with ctypes; ctypes releases the GIL during
+the call. Without a compiler, or when the build fails, `load_block_kernels()` returns
+None (logged once) and callers keep their torch path. KVSERVE_BLOCK_KERNELS=0 turns
+the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("block_gemm.c")
+_lock = threading.Lock()
+_loaded: dict[str, "BlockKernels | None"] = {}
+
+
+class BlockKernels:
+    """y = x @ W^T for fp32 x [rows, K] and W in Q4_1 / Q8_0 blocks (see block_gemm.c)."""
+
+    def __init__(self, library: ctypes.CDLL, num_threads: int) -> None:
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        library.q4_gemm.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
+                                    pointer, ctypes.c_int]
+        library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
+                                    ctypes.c_int]
+        self._library = library
+        self.num_threads = num_threads
+
+    def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """x [rows, K] fp32 contiguous; q [N, K/2] uint8; d, m [N, K/32] fp32 -> [rows, N]."""
+        y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
+        status = self._library.q4_gemm(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(),
+                                       d.data_ptr(), m.data_ptr(), q.shape[0], y.data_ptr(),
+                                       self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_gemm failed ({status}) for K={x.shape[1]}")
+        return y
+
+    def q8(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """x [rows, K] fp32 contiguous; q [N, K] int8; d [N, K/32] fp32 -> [rows, N]."""
+        y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
+        status = self._library.q8_gemm(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(),
+                                       d.data_ptr(), q.shape[0], y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"q8_gemm failed ({status}) for K={x.shape[1]}")
+        return y
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        partial = Path(staging) / target.name
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                        "-o", str(partial), str(SOURCE)],
+                       check=True, capture_output=True, text=True, timeout=120)
+        os.replace(partial, target)      # atomic: concurrent builders never see half a file
+
+
+def load_block_kernels(cache_dir: Path | None = None) -> BlockKernels | None:
+    """The compiled kernels, or None when they cannot be built here (any thread)."""
+    if os.environ.get("KVSERVE_BLOCK_KERNELS", "1") == "0":
+        return None
+    from ..loading import default_cache_dir
+
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    with _lock:
+        if str(root) in _loaded:
+            return _loaded[str(root)]
+        kernels = None
+        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if compiler is None:
+            logger.info("no C compiler: block-weight kernels off, dense fp32 matmuls serve")
+        else:
+            key = hashlib.sha256(SOURCE.read_bytes() + compiler.encode()
+                                 + _cpu_flags().encode()).hexdigest()[:16]
+            target = root / "kernels" / f"block_gemm-{key}.so"
+            try:
+                if not target.is_file():
+                    _build(compiler, target)
+                kernels = BlockKernels(ctypes.CDLL(str(target)), max(1, torch.get_num_threads()))
+            except (OSError, subprocess.SubprocessError) as error:
+                detail = getattr(error, "stderr", "") or error
+                logger.warning("block-weight kernels unavailable (%s): dense fp32 matmuls serve",
+                               str(detail).strip()[:500])
+        _loaded[str(root)] = kernels
+        return kernels

@@ -1,0 +1,186 @@
+"""Decode on a GGUF model's own weight blocks: fewer bytes per token, fp32 arithmetic.
+
+A GGUF file stores most weights in blocks of 32: Q4_1 (4-bit codes with a scale and a
+minimum per block) or Q8_0 (8-bit codes with a scale). The engine's dense fp32 weights
+are exactly those blocks dequantized, so the blocks carry the same numbers in 5 or 9
+bits per weight instead of 32. Decode steps (a few rows) are bound by reading the
+weights, so for them BlockLinear multiplies straight from the blocks
+(engine/kernels/block_gemm.c), accumulating in fp32; larger steps are bound by
+arithmetic and keep the dense fp32 weights and torch's matmul.
+
+`use_gguf_blocks` reads the blocks of every projection (and the LM head) from the
+GGUF file, reorders rows the way transformers' GGUF loader does for q/k (llama.cpp
+stores them permuted for its RoPE layout), and installs a projection only if its
+dequantized blocks equal the loaded fp32 weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 32
+MAX_KERNEL_ROWS = 8
+"""Up to this many rows per step the block kernel beats the dense fp32 matmul (the
+weights' bytes dominate); past it arithmetic dominates and torch's matmul wins."""
+_BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
+
+
+@dataclass
+class Blocks:
+    kind: str                  # "Q4_1" or "Q8_0"
+    codes: torch.Tensor        # Q4_1: [N, K/2] uint8 nibbles; Q8_0: [N, K] int8
+    scales: torch.Tensor       # [N, K/32] fp32
+    minima: torch.Tensor | None  # Q4_1: [N, K/32] fp32
+
+    def rows(self, index: torch.Tensor) -> "Blocks":
+        return Blocks(self.kind, self.codes[index], self.scales[index],
+                      None if self.minima is None else self.minima[index])
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
+        n = self.codes.shape[0]
+        if self.kind == "Q8_0":
+            codes = self.codes.view(n, -1, BLOCK).float()
+            return (self.scales[..., None] * codes).reshape(n, -1)
+        nibbles = self.codes.view(n, -1, BLOCK // 2)
+        codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()   # [N, K/32, 32]
+        return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
+
+
+def concat(parts: list[Blocks]) -> Blocks:
+    return Blocks(parts[0].kind, torch.cat([p.codes for p in parts]),
+                  torch.cat([p.scales for p in parts]),
+                  None if parts[0].minima is None else torch.cat([p.minima for p in parts]))
+
+
+def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
+    """GGUF bytes [N, K/32 * bytes_per_block] uint8 -> Blocks (scales as fp32)."""
+    n = raw.shape[0]
+    per_block = raw.reshape(n, -1, _BYTES_PER_BLOCK[kind])
+    scales = per_block[..., 0:2].contiguous().view(torch.float16).float().reshape(n, -1)
+    if kind == "Q8_0":
+        return Blocks(kind, per_block[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
+                      scales, None)
+    minima = per_block[..., 2:4].contiguous().view(torch.float16).float().reshape(n, -1)
+    return Blocks(kind, per_block[..., 4:].contiguous().reshape(n, -1), scales, minima)
+
+
+class BlockLinear(nn.Module):
+    """An nn.Linear that also holds its weight as blocks: steps of at most
+    MAX_KERNEL_ROWS fp32 rows use the block kernel, others the dense weight."""
+
+    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor, blocks: Blocks,
+                 kernels) -> None:
+        super().__init__()
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(
+            weight, requires_grad=False)
+        self.bias = None if linear is None else linear.bias
+        self.kind = blocks.kind
+        self.register_buffer("codes", blocks.codes.contiguous(), persistent=False)
+        self.register_buffer("scales", blocks.scales.contiguous(), persistent=False)
+        self.register_buffer("minima", None if blocks.minima is None
+                             else blocks.minima.contiguous(), persistent=False)
+        self.kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows > MAX_KERNEL_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, x.shape[-1]).contiguous()
+        if self.kind == "Q4_1":
+            y = self.kernels.q4(flat, self.codes, self.scales, self.minima)
+        else:
+            y = self.kernels.q8(flat, self.codes, self.scales)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _read_gguf(path: Path) -> dict[str, Blocks]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    found = {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind in _BYTES_PER_BLOCK:
+            found[tensor.name] = parse_blocks(kind, torch.from_numpy(tensor.data.copy()))
+    return found
+
+
+def _unpermute(blocks: Blocks, num_heads: int) -> Blocks:
+    """Rows reordered as transformers' GGUF loader reorders q/k weights."""
+    index = torch.arange(blocks.codes.shape[0])
+    dim = index.shape[0] // num_heads // 2
+    return blocks.rows(index.reshape(num_heads, dim, 2).swapaxes(2, 1).reshape(-1))
+
+
+def _matching(weight: torch.Tensor, candidates: list[Blocks]) -> Blocks | None:
+    for blocks in candidates:
+        values = blocks.dequantize()
+        if values.shape == weight.shape and torch.equal(values, weight):
+            return blocks
+    return None
+
+
+_PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+                "self_attn.o_proj": ("attn_output",), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+                "mlp.down_proj": ("ffn_down",)}
+
+
+def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
+    """Give `model` BlockLinear projections (and LM head) wherever the GGUF file holds
+    matching Q4_1/Q8_0 blocks; returns how many were installed."""
+    tensors = _read_gguf(gguf_path)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    installed = 0
+    for i, layer in enumerate(model.layers):
+        for name, parts in _PROJECTIONS.items():
+            parent_name, attr = name.split(".")
+            parent = getattr(layer, parent_name)
+            linear = getattr(parent, attr)
+            found = [tensors.get(f"blk.{i}.{part}.weight") for part in parts]
+            if not isinstance(linear, nn.Linear) or any(b is None for b in found):
+                continue
+            options = [[b] for b in found]
+            if parts[0] == "attn_q":      # permuted or not, whichever matches exactly
+                options[0].append(_unpermute(found[0], heads))
+                options[1].append(_unpermute(found[1], kv_heads))
+            chosen = _split_match(linear.weight.data, options)
+            if chosen is not None:
+                setattr(parent, attr, BlockLinear(linear, linear.weight, concat(chosen), kernels))
+                installed += 1
+    installed += _lm_head_blocks(model, tensors, kernels)
+    return installed
+
+
+def _split_match(weight: torch.Tensor, options: list[list[Blocks]]) -> list[Blocks] | None:
+    """Per part of a fused weight, the candidate whose dequantized rows equal it."""
+    chosen, row = [], 0
+    for candidates in options:
+        size = candidates[0].codes.shape[0]
+        match = _matching(weight[row:row + size], candidates)
+        if match is None or len({c.kind for c in candidates}) != 1:
+            return None
+        chosen.append(match)
+        row += size
+    kinds = {c.kind for c in chosen}
+    return chosen if row == weight.shape[0] and len(kinds) == 1 else None
+
+
+def _lm_head_blocks(model: nn.Module, tensors: dict[str, Blocks], kernels) -> int:
+    weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    source = tensors.get("token_embd.weight" if model.lm_head is None else "output.weight")
+    if source is None or _matching(weight.data, [source]) is None:
+        return 0
+    model.block_lm_head = BlockLinear(None, weight, source, kernels)
+    return 1

@@ -1,0 +1,99 @@
+"""Decode from GGUF weight blocks: the native kernel equals an fp32 matmul with the
+dequantized weights, the real default model's projections are all found in its GGUF
+file bit for bit, and its greedy answers equal the dense fp32 path's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import GenerationConfig, load_model
+from engine.kernels import build as kernel_build
+from engine.kernels import load_block_kernels
+from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, concat,
+                                         parse_blocks)
+
+
+def random_gguf_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Raw GGUF rows of random blocks with realistic fp16 scales (and minima)."""
+    rng = np.random.default_rng(seed)
+    blocks = cols // 32
+    scales = (rng.random((rows, blocks, 1)) * 0.02 + 0.001).astype(np.float16).view(np.uint8)
+    if kind == "Q8_0":
+        codes = rng.integers(-128, 128, (rows, blocks, 32), dtype=np.int8).view(np.uint8)
+        raw = np.concatenate([scales, codes], axis=-1)
+    else:
+        minima = (-rng.random((rows, blocks, 1)) * 0.1).astype(np.float16).view(np.uint8)
+        codes = rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)
+        raw = np.concatenate([scales, minima, codes], axis=-1)
+    return torch.from_numpy(raw.reshape(rows, -1).copy())
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = load_block_kernels()
+    assert built is not None, "a C compiler is part of this project's CI machine"
+    return built
+
+
+def test_parsed_blocks_dequantize_as_the_gguf_formula():
+    raw = random_gguf_bytes("Q4_1", 2, 64, seed=0)
+    blocks = parse_blocks("Q4_1", raw)
+    first = raw[0, :20].numpy()
+    d, m = (float(v) for v in first[:4].view(np.float16))
+    want = [d * (b & 0x0F) + m for b in first[4:20]] + [d * (b >> 4) + m for b in first[4:20]]
+    assert blocks.dequantize()[0, :32].tolist() == pytest.approx(want, rel=1e-6)
+    assert blocks.codes.shape == (2, 32) and blocks.scales.shape == (2, 2)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [1, 3, MAX_KERNEL_ROWS, MAX_KERNEL_ROWS + 1, 40])
+def test_block_linear_equals_the_dense_matmul(kernels, kind, rows):
+    blocks = parse_blocks(kind, random_gguf_bytes(kind, 96, 576, seed=rows))
+    weight = blocks.dequantize()
+    layer = BlockLinear(None, weight, blocks, kernels)
+    x = torch.randn(rows, 576)
+    got, want = layer(x), F.linear(x, weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if rows > MAX_KERNEL_ROWS:               # large steps run torch's dense matmul
+        assert torch.equal(got, want)
+
+
+def test_fused_blocks_keep_their_row_order(kernels):
+    parts = [parse_blocks("Q4_1", random_gguf_bytes("Q4_1", n, 64, seed=n)) for n in (32, 16)]
+    fused = concat(parts)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    layer = BlockLinear(None, fused.dequantize(), fused, kernels)
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(layer(x), x @ fused.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_can_be_turned_off_or_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSERVE_BLOCK_KERNELS", "0")
+    assert load_block_kernels(tmp_path) is None
+    monkeypatch.delenv("KVSERVE_BLOCK_KERNELS")
+    monkeypatch.setenv("CC", "false")            # a "compiler" that always fails
+    monkeypatch.setattr(kernel_build.shutil, "which",
+                        lambda name: "/bin/false" if name == "false" else None)
+    assert load_block_kernels(tmp_path / "failing") is None
+
+
+@pytest.mark.slow
+def test_default_model_decodes_from_its_blocks_like_the_dense_path():
+    fast = load_model("smollm2-135m-instruct", progress=False)
+    dense = load_model("smollm2-135m-instruct", progress=False, block_kernels=False)
+    layers = list(fast.module.layers)
+    block_layers = [m for layer in layers for m in layer.modules() if isinstance(m, BlockLinear)]
+    assert len(block_layers) == 4 * len(layers)          # qkv, o, gate_up, down everywhere
+    assert {m.kind for m in block_layers} == {"Q4_1"}
+    assert fast.module.block_lm_head.kind == "Q8_0"      # the tied embedding table
+    assert not any(isinstance(m, BlockLinear) for m in dense.module.modules())
+    tokenizer = fast.tokenizer
+    prompts = [tokenizer.encode(text) for text in (
+        "The three primary colors are", "def add(a, b):", "Once upon a time")]
+    config = GenerationConfig(max_new_tokens=32)
+    got = [o.generated_tokens for o in fast.generate_batch(prompts, config).values()]
+    want = [o.generated_tokens for o in dense.generate_batch(prompts, config).values()]
+    assert got == want
