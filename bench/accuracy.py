@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine import GenerationConfig, load_model
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 
 TOPICS = ("the ocean", "a city at night", "learning to cook", "the history of maps",
           "why leaves change colour", "a robot that paints", "winter in the mountains",
@@ -46,16 +46,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--max-requests-per-batch", type=int, default=None,
+                        help="cap the fast run's batch (e.g. 8: every decode step then "
+                             "runs on the block kernels of a GGUF model)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     generation = GenerationConfig(max_new_tokens=args.output_len, eos_token_id=[])
-    reference = load_model(args.model, dtype="float32", progress=False)
+    reference = load_model(args.model, dtype="float32", progress=False, block_kernels=False)
     prompts = chat_prompts(reference.tokenizer, args.num_prompts)
     exact = [o.generated_tokens for o in reference.generate_batch(prompts, generation).values()]
     fast_model = load_model(args.model, dtype=args.dtype, progress=False)
-    fast = [o.generated_tokens for o in fast_model.generate_batch(prompts, generation).values()]
+    cb_config = ContinuousBatchingConfig(max_requests_per_batch=args.max_requests_per_batch)
+    fast = [o.generated_tokens
+            for o in fast_model.generate_batch(prompts, generation, cb_config).values()]
     prefixes = [agreeing_prefix(a, b) for a, b in zip(exact, fast)]
     report = {"model": args.model, "dtype": args.dtype, "output_len": args.output_len,
+              "max_requests_per_batch": args.max_requests_per_batch,
               "identical_share": round(sum(p == args.output_len for p in prefixes) / len(prefixes), 3),
               "mean_agreeing_prefix": round(sum(prefixes) / len(prefixes), 1),
               "agreeing_prefix_per_prompt": prefixes}

@@ -8,8 +8,9 @@
  *
  * Per block the kernel forms d * (q . x) + m * sum(x), the same value as the dot
  * product with the dequantized weights up to rounding. It is meant for decode steps
- * (M of 1 to a few rows), where the product is bound by reading W: a Q4_1 weight
- * costs 5 bits against fp32's 32. Columns are split over `num_threads` OpenMP threads.
+ * (M of 1 to a few dozen rows), where the product is bound by reading W: a Q4_1
+ * weight costs 5 bits against fp32's 32. Each block is unpacked once for up to
+ * ROW_TILE rows of x. Columns are split over `num_threads` OpenMP threads.
  * Built at run time with -march=native (engine/kernels/build.py); without AVX-512 a
  * portable loop does the same arithmetic.
  */
@@ -21,58 +22,104 @@
 
 #define BLOCK 32
 
-static float q4_dot(const uint8_t *q, const float *d, const float *m, const float *x,
-                    const float *xsum, int64_t blocks) {
-    float min_part = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[b];
+#define ROW_TILE 8   /* activation rows sharing one pass over a weight row */
+
+/* y[r * n] (r < rows <= ROW_TILE) = sum over the row's blocks of
+ * d * (q . x_r) + m * sum(x_r): each block is unpacked once for all rows. */
+static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q, const float *d, const float *m, const float *x,
+                    const float *xsum, int64_t blocks, int64_t k, int64_t rows, float *y,
+                    int64_t n) {
 #ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[ROW_TILE];
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     const __m128i low_mask = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         __m128i bytes = _mm_loadu_si128((const __m128i *)(q + b * 16));
         __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low_mask)));
         __m512 high = _mm512_cvtepi32_ps(
             _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask)));
-        __m512 block = _mm512_mul_ps(low, _mm512_loadu_ps(x + b * BLOCK));
-        block = _mm512_fmadd_ps(high, _mm512_loadu_ps(x + b * BLOCK + 16), block);
-        acc = _mm512_fmadd_ps(block, _mm512_set1_ps(d[b]), acc);
+        __m512 scale = _mm512_set1_ps(d[b]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xb = x + r * k + b * BLOCK;
+            __m512 block = _mm512_mul_ps(low, _mm512_loadu_ps(xb));
+            block = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), block);
+            acc[r] = _mm512_fmadd_ps(block, scale, acc[r]);
+        }
     }
-    return _mm512_reduce_add_ps(acc) + min_part;
+    for (int64_t r = 0; r < rows; r++) {
+        float min_part = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[r * blocks + b];
+        y[r * n] = _mm512_reduce_add_ps(acc[r]) + min_part;
+    }
 #else
-    float total = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) {
-        float block = 0.0f;
-        for (int j = 0; j < 16; j++)
-            block += (float)(q[b * 16 + j] & 0x0F) * x[b * BLOCK + j]
-                   + (float)(q[b * 16 + j] >> 4) * x[b * BLOCK + j + 16];
-        total += d[b] * block;
+    for (int64_t r = 0; r < rows; r++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            float block = 0.0f;
+            for (int j = 0; j < 16; j++)
+                block += (float)(q[b * 16 + j] & 0x0F) * x[r * k + b * BLOCK + j]
+                       + (float)(q[b * 16 + j] >> 4) * x[r * k + b * BLOCK + j + 16];
+            total += d[b] * block + m[b] * xsum[r * blocks + b];
+        }
+        y[r * n] = total;
     }
-    return total + min_part;
 #endif
 }
 
-static float q8_dot(const int8_t *q, const float *d, const float *x, int64_t blocks) {
+static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, const float *d, const float *x, int64_t blocks,
+                    int64_t k, int64_t rows, float *y, int64_t n) {
 #ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[ROW_TILE];
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
-        __m128i first = _mm_loadu_si128((const __m128i *)(q + b * BLOCK));
-        __m128i second = _mm_loadu_si128((const __m128i *)(q + b * BLOCK + 16));
-        __m512 block = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)),
-                                     _mm512_loadu_ps(x + b * BLOCK));
-        block = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)),
-                                _mm512_loadu_ps(x + b * BLOCK + 16), block);
-        acc = _mm512_fmadd_ps(block, _mm512_set1_ps(d[b]), acc);
+        __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(q + b * BLOCK))));
+        __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(q + b * BLOCK + 16))));
+        __m512 scale = _mm512_set1_ps(d[b]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xb = x + r * k + b * BLOCK;
+            __m512 block = _mm512_mul_ps(first, _mm512_loadu_ps(xb));
+            block = _mm512_fmadd_ps(second, _mm512_loadu_ps(xb + 16), block);
+            acc[r] = _mm512_fmadd_ps(block, scale, acc[r]);
+        }
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int64_t r = 0; r < rows; r++) y[r * n] = _mm512_reduce_add_ps(acc[r]);
 #else
-    float total = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) {
-        float block = 0.0f;
-        for (int j = 0; j < BLOCK; j++) block += (float)q[b * BLOCK + j] * x[b * BLOCK + j];
-        total += d[b] * block;
+    for (int64_t r = 0; r < rows; r++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            float block = 0.0f;
+            for (int j = 0; j < BLOCK; j++) block += (float)q[b * BLOCK + j] * x[r * k + b * BLOCK + j];
+            total += d[b] * block;
+        }
+        y[r * n] = total;
     }
-    return total;
 #endif
+}
+
+/* Constant row counts let the compiler keep the accumulators in registers. */
+static void q4_rows(const uint8_t *q, const float *d, const float *m, const float *x,
+                    const float *xsum, int64_t blocks, int64_t k, int64_t rows, float *y,
+                    int64_t n) {
+    switch (rows) {
+    case 1: q4_rows_impl(q, d, m, x, xsum, blocks, k, 1, y, n); break;
+    case 2: q4_rows_impl(q, d, m, x, xsum, blocks, k, 2, y, n); break;
+    case 4: q4_rows_impl(q, d, m, x, xsum, blocks, k, 4, y, n); break;
+    case 8: q4_rows_impl(q, d, m, x, xsum, blocks, k, 8, y, n); break;
+    default: q4_rows_impl(q, d, m, x, xsum, blocks, k, rows, y, n);
+    }
+}
+
+static void q8_rows(const int8_t *q, const float *d, const float *x, int64_t blocks,
+                    int64_t k, int64_t rows, float *y, int64_t n) {
+    switch (rows) {
+    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n); break;
+    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n); break;
+    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n); break;
+    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n); break;
+    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n);
+    }
 }
 
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
@@ -89,9 +136,10 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
         }
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t col = 0; col < n; col++)
-        for (int64_t r = 0; r < rows; r++)
-            y[r * n + col] = q4_dot(q + col * (k / 2), d + col * blocks, m + col * blocks,
-                                    x + r * k, xsum + r * blocks, blocks);
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
+            q4_rows(q + col * (k / 2), d + col * blocks, m + col * blocks, x + r0 * k,
+                    xsum + r0 * blocks, blocks, k, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE,
+                    y + r0 * n + col, n);
     free(xsum);
     return 0;
 }
@@ -102,7 +150,8 @@ int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const floa
     const int64_t blocks = k / BLOCK;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t col = 0; col < n; col++)
-        for (int64_t r = 0; r < rows; r++)
-            y[r * n + col] = q8_dot(q + col * k, d + col * blocks, x + r * k, blocks);
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
+            q8_rows(q + col * k, d + col * blocks, x + r0 * k, blocks, k,
+                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, y + r0 * n + col, n);
     return 0;
 }
