@@ -10,6 +10,7 @@ from .batch import StepInputs, build_step_inputs
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
+from .models.block_weights import MAX_KERNEL_ROWS, BlockLinear
 from .requests import RequestState
 from .sampling import SampleResult, Sampler
 from .scheduler import ScheduledBatch
@@ -51,6 +52,10 @@ class ModelRunner:
                 pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
         self.max_threads = torch.get_num_threads()
+        self.small_step_tokens = SMALL_STEP_TOKENS
+        if any(isinstance(m, BlockLinear) for m in model.modules()):
+            # steps on the block kernels leave the other cores to the kernel's helpers
+            self.small_step_tokens = max(SMALL_STEP_TOKENS, MAX_KERNEL_ROWS)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -59,7 +64,7 @@ class ModelRunner:
         two threads on a 2-core host). Larger steps are compute-bound and use all."""
         if self.device.type != "cpu" or self.max_threads == 1:
             return
-        wanted = 1 if num_tokens <= SMALL_STEP_TOKENS else self.max_threads
+        wanted = 1 if num_tokens <= self.small_step_tokens else self.max_threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
 

@@ -10,12 +10,14 @@
  * product with the dequantized weights up to rounding. It is meant for decode steps
  * (M of 1 to a few dozen rows), where the product is bound by reading W: a Q4_1
  * weight costs 5 bits against fp32's 32. Each block is unpacked once for up to
- * ROW_TILE rows of x. Columns are split over `num_threads` OpenMP threads.
+ * ROW_TILE rows of x. Columns are split over `num_threads` threads (worker_pool.h).
  * Built at run time with -march=native (engine/kernels/build.py); without AVX-512 a
  * portable loop does the same arithmetic.
  */
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "worker_pool.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -122,6 +124,35 @@ static void q8_rows(const int8_t *q, const float *d, const float *x, int64_t blo
     }
 }
 
+typedef struct {
+    const float *x, *d, *m, *xsum;
+    const void *q;
+    int64_t rows, k, n;
+    float *y;
+} GemmJob;
+
+/* Columns [n * part / parts, n * (part + 1) / parts) of y. */
+static void q4_part(const void *arg, int part, int parts) {
+    const GemmJob *job = arg;
+    const int64_t k = job->k, n = job->n, rows = job->rows, blocks = k / BLOCK;
+    const uint8_t *q = job->q;
+    for (int64_t col = n * part / parts; col < n * (part + 1) / parts; col++)
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
+            q4_rows(q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
+                    job->x + r0 * k, job->xsum + r0 * blocks, blocks, k,
+                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * n + col, n);
+}
+
+static void q8_part(const void *arg, int part, int parts) {
+    const GemmJob *job = arg;
+    const int64_t k = job->k, n = job->n, rows = job->rows, blocks = k / BLOCK;
+    const int8_t *q = job->q;
+    for (int64_t col = n * part / parts; col < n * (part + 1) / parts; col++)
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
+            q8_rows(q + col * k, job->d + col * blocks, job->x + r0 * k, blocks, k,
+                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * n + col, n);
+}
+
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads) {
     if (k % BLOCK) return 1;
@@ -134,12 +165,8 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
             for (int j = 0; j < BLOCK; j++) s += x[r * k + b * BLOCK + j];
             xsum[r * blocks + b] = s;
         }
-    #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t col = 0; col < n; col++)
-        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
-            q4_rows(q + col * (k / 2), d + col * blocks, m + col * blocks, x + r0 * k,
-                    xsum + r0 * blocks, blocks, k, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE,
-                    y + r0 * n + col, n);
+    GemmJob job = {x, d, m, xsum, q, rows, k, n, y};
+    run_parallel(q4_part, &job, num_threads);
     free(xsum);
     return 0;
 }
@@ -147,11 +174,7 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
 int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *d,
             int64_t n, float *y, int num_threads) {
     if (k % BLOCK) return 1;
-    const int64_t blocks = k / BLOCK;
-    #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t col = 0; col < n; col++)
-        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
-            q8_rows(q + col * k, d + col * blocks, x + r0 * k, blocks, k,
-                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, y + r0 * n + col, n);
+    GemmJob job = {x, d, NULL, NULL, q, rows, k, n, y};
+    run_parallel(q8_part, &job, num_threads);
     return 0;
 }

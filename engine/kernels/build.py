@@ -1,7 +1,7 @@
 """Build and load the block-weight kernels of block_gemm.c.
 
 The C file is compiled once per machine with the system C compiler (`cc -O3
--march=native -fopenmp`) into `<cache>/kernels/`, keyed by the source, the compiler
+-march=native -pthread`) into `<cache>/kernels/`, keyed by the source, the compiler
 and the CPU's feature flags, and loaded with ctypes; ctypes releases the GIL during
 the call. Without a compiler, or when the build fails, `load_block_kernels()` returns
 None (logged once) and callers keep their torch path. KVSERVE_BLOCK_KERNELS=0 turns
@@ -25,6 +25,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("block_gemm.c")
+HEADERS = [Path(__file__).with_name("worker_pool.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "BlockKernels | None"] = {}
 
@@ -75,7 +76,7 @@ def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         partial = Path(staging) / target.name
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+        subprocess.run([compiler, "-O3", "-march=native", "-pthread", "-shared", "-fPIC",
                         "-o", str(partial), str(SOURCE)],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(partial, target)      # atomic: concurrent builders never see half a file
@@ -96,7 +97,8 @@ def load_block_kernels(cache_dir: Path | None = None) -> BlockKernels | None:
         if compiler is None:
             logger.info("no C compiler: block-weight kernels off, dense fp32 matmuls serve")
         else:
-            key = hashlib.sha256(SOURCE.read_bytes() + compiler.encode()
+            key = hashlib.sha256(SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+                                 + compiler.encode()
                                  + _cpu_flags().encode()).hexdigest()[:16]
             target = root / "kernels" / f"block_gemm-{key}.so"
             try:
