@@ -15,6 +15,10 @@ import torch.nn.functional as F
 
 from .metadata import AttentionMetadata
 
+FUSED_DECODE_MAX_BATCH = 4
+"""Decode batches up to this size take one SDPA call; larger ones the per-KV-head
+matmuls, which gather and multiply faster once the contexts are many."""
+
 
 class TorchPagedAttention:
     name = "torch"
@@ -28,6 +32,8 @@ class TorchPagedAttention:
         flat_keys.index_copy_(0, meta.slot_mapping, key.to(flat_keys.dtype))
         flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
+        if not meta.prefills:                 # decode only: row d is decode request d
+            return self._decode(query, flat_keys, flat_values, meta, scale)
         output = torch.empty_like(query)                            # [T, H, D]
         if meta.decode_rows is not None:
             output[meta.decode_rows] = self._decode(query, flat_keys, flat_values, meta, scale)
@@ -48,6 +54,8 @@ class TorchPagedAttention:
         num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
         group = query.shape[1] // num_kv_heads
         dtype = flat_keys.dtype
+        if batch <= FUSED_DECODE_MAX_BATCH:
+            return TorchPagedAttention._decode_fused(query, flat_keys, flat_values, meta, scale)
         q = query[meta.decode_rows].to(dtype).view(batch, num_kv_heads, group, head_dim)
         k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
         v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
@@ -61,6 +69,22 @@ class TorchPagedAttention:
             torch.bmm(probs, v[:, :, head], out=out[head])                        # [B, G, D]
         out = out.transpose(0, 1).reshape(batch, num_kv_heads * group, head_dim)  # [B, H, D]
         return out.to(query.dtype)
+
+    @staticmethod
+    def _decode_fused(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
+        """Few decode requests: one SDPA call over the gathered contexts (per-op costs
+        dominate here, and SDPA is one op where the per-head path is ~15)."""
+        slots = meta.decode_kv_slots                                # [B, L]
+        batch, length = slots.shape
+        num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
+        dtype = flat_keys.dtype
+        q = query[meta.decode_rows].to(dtype).unsqueeze(2)          # [B, H, 1, D]
+        k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=meta.decode_mask, scale=scale,
+                                             enable_gqa=True)       # [B, H, 1, D]
+        return out.squeeze(2).to(query.dtype)
 
     @staticmethod
     def _prefill(query, key, value, flat_keys, flat_values, chunk, scale: float):

@@ -40,26 +40,33 @@ class BlockKernels:
         library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
                                     ctypes.c_int]
         self._library = library
+        self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.num_threads = num_threads
 
-    def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """x [rows, K] fp32 contiguous; q [N, K/2] uint8; d, m [N, K/32] fp32 -> [rows, N]."""
-        y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
-        status = self._library.q4_gemm(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(),
-                                       d.data_ptr(), m.data_ptr(), q.shape[0], y.data_ptr(),
-                                       self.num_threads)
+    def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+             minima: torch.Tensor | None) -> torch.Tensor:
+        """x [rows, K] fp32 contiguous; kind "Q4_1" (codes [N, K/2] uint8, scales and
+        minima [N, K/32] fp32) or "Q8_0" (codes [N, K] int8, scales) -> y [rows, N].
+        Called ~120 times per decode step: kept to the bare calls."""
+        rows, in_features = x.shape
+        out_features = codes.shape[0]
+        y = torch.empty(rows, out_features)
+        if kind == "Q4_1":
+            status = self._q4(x.data_ptr(), rows, in_features, codes.data_ptr(),
+                              scales.data_ptr(), minima.data_ptr(), out_features,
+                              y.data_ptr(), self.num_threads)
+        else:
+            status = self._q8(x.data_ptr(), rows, in_features, codes.data_ptr(),
+                              scales.data_ptr(), out_features, y.data_ptr(), self.num_threads)
         if status:
-            raise RuntimeError(f"q4_gemm failed ({status}) for K={x.shape[1]}")
+            raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
 
+    def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return self.gemm("Q4_1", x, q, d, m)
+
     def q8(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """x [rows, K] fp32 contiguous; q [N, K] int8; d [N, K/32] fp32 -> [rows, N]."""
-        y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
-        status = self._library.q8_gemm(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(),
-                                       d.data_ptr(), q.shape[0], y.data_ptr(), self.num_threads)
-        if status:
-            raise RuntimeError(f"q8_gemm failed ({status}) for K={x.shape[1]}")
-        return y
+        return self.gemm("Q8_0", x, q, d, None)
 
 
 def _cpu_flags() -> str:

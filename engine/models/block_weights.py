@@ -93,17 +93,15 @@ class BlockLinear(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
+        in_features = x.shape[-1]
+        rows = x.shape[0] if x.dim() == 2 else x.numel() // in_features
         if rows > MAX_KERNEL_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(rows, x.shape[-1]).contiguous()
-        if self.kind == "Q4_1":
-            y = self.kernels.q4(flat, self.codes, self.scales, self.minima)
-        else:
-            y = self.kernels.q8(flat, self.codes, self.scales)
+        flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(rows, in_features).contiguous()
+        y = self.kernels.gemm(self.kind, flat, self.codes, self.scales, self.minima)
         if self.bias is not None:
             y += self.bias
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
 def _read_gguf(path: Path) -> dict[str, Blocks]:

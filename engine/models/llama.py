@@ -62,13 +62,17 @@ class Attention(nn.Module):
         num_tokens = hidden.shape[0]
         if self.is_sliding:
             meta = meta.sliding
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)        # [T, H, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)     # [T, KVH, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(hidden)
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, kv_heads, head_dim)
+        if self.q_norm is None:        # rotate q and k together: [T, H + KVH, D]
+            qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, heads + kv_heads, head_dim)
+            q, k = apply_rotary(qk, cos, sin).split([heads, kv_heads], dim=1)
+        else:
+            q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.reshape(num_tokens, heads, head_dim))       # [T, H, D]
+            k = self.k_norm(k.reshape(num_tokens, kv_heads, head_dim))    # [T, KVH, D]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = backend.forward(q, k, v, kv_cache.key_caches[self.layer_idx],
                               kv_cache.value_caches[self.layer_idx], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
