@@ -10,6 +10,8 @@ every chunk has `"usage": null` and one last chunk has no choices and the usage.
 
 from __future__ import annotations
 
+import asyncio
+
 import contextlib
 import time
 from typing import Any, AsyncIterator
@@ -34,7 +36,8 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     run.record.request_id = header["id"]
     body = await parse_request(request, ChatCompletionRequest, state.settings.max_request_bytes)
     header["model"] = state.check_model(body.model)
-    prompt_ids = render_chat(state.tokenizer, body.messages)
+    # rendering and tokenizing a large body takes a while: off the event loop
+    prompt_ids = await asyncio.to_thread(render_chat, state.tokenizer, body.messages)
     plan = build_plan(body, state, max_tokens=body.requested_max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     run.record.stream, run.record.prompt_tokens = plan.stream, len(prompt_ids)

@@ -8,6 +8,8 @@ tokens' logprobs and the k most likely alternatives per position.
 
 from __future__ import annotations
 
+import asyncio
+
 import contextlib
 import time
 from typing import Any, AsyncIterator
@@ -36,7 +38,9 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     run.record.request_id = header["id"]
     body = await parse_request(request, CompletionRequest, state.settings.max_request_bytes)
     header["model"] = state.check_model(body.model)
-    prompts = completion_prompt_ids(state.tokenizer, body.prompts, state.vocab_size)
+    # tokenizing a large body takes a while: off the event loop
+    prompts = await asyncio.to_thread(completion_prompt_ids, state.tokenizer, body.prompts,
+                                      state.vocab_size)
     want_logprobs = body.logprobs is not None
     plan = build_plan(body, state, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
                       logprobs=want_logprobs, top_logprobs=body.logprobs or 0)

@@ -95,3 +95,31 @@ def test_non_streaming_disconnect_frees_the_request(server):
     response = httpx.post(server.base_url + "/v1/chat/completions", headers=server.headers(),
                           json={"model": MODEL, "messages": MSG, "max_tokens": 2})
     assert response.status_code == 200
+
+
+def test_prompts_tokenized_concurrently_keep_their_counts(async_client, tokenizer):
+    """Prompts are rendered and tokenized on worker threads, many at once: each
+    request's usage still counts exactly its own prompt."""
+    texts = [f"Item {i}: " + "word " * (5 + 17 * i) for i in range(12)]
+
+    async def chat(text):
+        response = await async_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=1)
+        return response.usage.prompt_tokens
+
+    async def complete(text):
+        response = await async_client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+        return response.usage.prompt_tokens
+
+    async def scenario():
+        return await asyncio.gather(*(chat(t) for t in texts), *(complete(t) for t in texts))
+
+    counts = asyncio.run(scenario())
+    def rendered_length(text):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return len(tokenizer.encode(rendered, add_special_tokens=False))
+
+    chat_want = [rendered_length(t) for t in texts]
+    completion_want = [len(tokenizer.encode(t)) for t in texts]
+    assert counts == chat_want + completion_want
