@@ -28,6 +28,7 @@ false: new requests get 503 and /health goes red.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from engine.errors import (InvalidRequestError, ManagerStoppedError, QueueFullError,
@@ -104,6 +105,9 @@ class AsyncEngine:
         self.manager = manager
         self.warm = False
         self.draining = False
+        self.drain_deadline: float | None = None
+        """perf_counter time at which requests still running are cut (in-band 503
+        plus [DONE] for streams), just before the server's drain window closes."""
 
     def start(self) -> None:
         self.manager.start()
@@ -114,9 +118,13 @@ class AsyncEngine:
         self.manager.warmup()
         self.warm = True
 
-    def begin_drain(self) -> None:
-        """Refuse new requests (503) from now on; running ones continue."""
+    def begin_drain(self, drain_timeout_s: float | None = None) -> None:
+        """Refuse new requests (503) from now on; running ones continue, for at most
+        `drain_timeout_s` less a margin to deliver their error (None: no limit)."""
         self.draining = True
+        if drain_timeout_s is not None:
+            margin = min(1.0, 0.1 * drain_timeout_s)
+            self.drain_deadline = time.perf_counter() + drain_timeout_s - margin
 
     def ready(self) -> bool:
         return self.warm and not self.draining and self.is_running()

@@ -49,6 +49,15 @@ class GenerationFailed(OpenAIError):
                          type="server_error", code="generation_failed")
 
 
+class ServerShuttingDown(OpenAIError):
+    """The server's drain window closed before the request finished; its engine
+    requests were cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down and could not finish this request.",
+                         status_code=503, code="server_shutting_down")
+
+
 class RequestTimedOut(OpenAIError):
     """The request ran past `request_timeout_s`; its engine requests were cancelled."""
 
@@ -206,15 +215,27 @@ async def merge_deltas(choices: list[Choice],
         run.finish(choices, failure)
 
 
+DRAIN_POLL_S = 0.25
+"""How often a waiting request looks whether a shutdown has set a drain deadline."""
+
+
 async def _next_item(queue: asyncio.Queue, run: GenerationRun):
-    """The next queued item, or RequestTimedOut once the run's deadline has passed."""
-    remaining = run.remaining_s()
-    if remaining is None:
-        return await queue.get()
-    try:
-        return await asyncio.wait_for(queue.get(), max(remaining, 0.0))
-    except asyncio.TimeoutError:
-        raise RequestTimedOut(run.state.settings.request_timeout_s) from None
+    """The next queued item; RequestTimedOut once the run's deadline has passed,
+    ServerShuttingDown once a shutdown's drain deadline has. Waits at most
+    DRAIN_POLL_S at a time, so a drain that starts meanwhile is noticed."""
+    while True:
+        limits = [(run.deadline, lambda: RequestTimedOut(run.state.settings.request_timeout_s)),
+                  (run.state.engine.drain_deadline, ServerShuttingDown)]
+        limits = [(at, error) for at, error in limits if at is not None]
+        nearest = min(limits, key=lambda limit: limit[0]) if limits else None
+        wait = DRAIN_POLL_S
+        if nearest is not None:
+            wait = min(wait, max(0.0, nearest[0] - time.perf_counter()))
+        try:
+            return await asyncio.wait_for(queue.get(), wait)
+        except asyncio.TimeoutError:
+            if nearest is not None and time.perf_counter() >= nearest[0]:
+                raise nearest[1]() from None
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -4,7 +4,8 @@
       -> the engine refuses new requests (503) and /ready turns red   (begin_drain)
       -> uvicorn closes the listening socket: new connections are refused
       -> requests in flight, streams included, run to their end,
-         for at most `drain_timeout_s`; whatever is left is then cancelled
+         for at most `drain_timeout_s`; whatever is left is then cancelled and
+         answered with a 503 `server_shutting_down` (in-band + [DONE] for streams)
       -> lifespan shutdown stops the engine and frees the KV cache
       -> the process exits with status 0
 
@@ -39,7 +40,7 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         serving = getattr(self._app.state, "serving", None)
         if serving is not None and not serving.engine.draining:
-            serving.engine.begin_drain()
+            serving.engine.begin_drain(serving.settings.drain_timeout_s)
             stats = serving.engine.stats()
             logger.warning("received %s: draining %d running and %d waiting requests "
                            "(up to %gs)", signal.Signals(sig).name, stats["num_running"],

@@ -1,7 +1,8 @@
 """End to end: the server's life and death.
 
 - SIGTERM while 8 streams run: each stream finishes, new connections are refused,
-  and the process exits 0.
+  and the process exits 0; requests still running when the drain window closes end
+  with a 503 error (in-band plus [DONE] for a stream).
 - The engine thread dies (a fault injected into its step, through the testing-only
   route): every waiting client gets an error body, never a hang; /health turns red;
   new requests are refused with 503.
@@ -90,6 +91,46 @@ def test_sigterm_lets_running_streams_finish_and_exits_0(drain_server):
     assert drain_server.process.wait(timeout=60) == 0
     log = drain_server.log_tail()
     assert f"received SIGTERM: draining {NUM_STREAMS} running" in log
+
+
+@pytest.fixture
+def short_drain_server(tmp_path_factory):
+    yield from launch_server(tmp_path_factory, [
+        "--page-size", "16", "--num-blocks", "512", "--drain-timeout", "3"])
+
+
+def test_requests_outliving_the_drain_get_an_error_and_done(short_drain_server):
+    """A stream still running when the drain window closes ends with an in-band 503
+    error and [DONE]; a waiting non-streaming request gets a 503 body; exit 0."""
+    url = f"{short_drain_server.base_url}/v1/chat/completions"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to a million."}],
+            "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+
+    async def stream_events(http, started: asyncio.Event):
+        events = []
+        async with http.stream("POST", url, json={**body, "stream": True}) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+        return events
+
+    async def scenario():
+        started = asyncio.Event()
+        async with httpx.AsyncClient(timeout=120) as http:
+            streaming = asyncio.create_task(stream_events(http, started))
+            whole = asyncio.create_task(http.post(url, json=body))
+            await asyncio.wait_for(started.wait(), 120)
+            os.kill(short_drain_server.process.pid, signal.SIGTERM)
+            return await streaming, await whole
+
+    events, whole = asyncio.run(scenario())
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "server_shutting_down"
+    assert whole.status_code == 503
+    assert whole.json()["error"]["code"] == "server_shutting_down"
+    assert short_drain_server.process.wait(timeout=30) == 0
 
 
 # 8 blocks of 16 tokens: a ~75-token chat prompt takes 5 of them (only the first,
