@@ -98,6 +98,10 @@ class ContinuousBatchingConfig:
                "cpu_offload_space", "must be >= 0 GiB or None")
         _check(0.0 <= self.cpu_offload_space_safety_threshold <= 1.0,
                "cpu_offload_space_safety_threshold", "must be in [0, 1]")
+        _check(self.cpu_group_timeout is None or (
+            isinstance(self.cpu_group_timeout, (int, float)) and self.cpu_group_timeout >= 5),
+            "cpu_group_timeout", "must be None or >= 5 seconds (an idle engine's followers "
+            "hear from the driver every few seconds)")
 
     def _validate_policies(self) -> None:
         _check(self.scheduler_type in SCHEDULER_TYPES, "scheduler_type",

@@ -46,21 +46,23 @@ class EngineLoop:
         # sliding layers get their own recycling pool (hybrid Gemma 3, all-sliding Mistral)
         pooled = sliding_window is not None and any(layer_is_sliding)
         config = adjust_for_sliding(config, sliding_window, pooled)
-        self.sizing = compute_sizing(
-            config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
-            head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
-            intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
-            dtype=kv_cache_dtype(model.device, model.dtype), device=model.device,
-            logit_processing=logit_processing,
-            num_submitted=workload_hints.get("num_requests"),
-            num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
-            sliding_window=sliding_window if pooled else None,
-            max_context=getattr(hf_config, "max_position_embeddings", None))
-        num_offload_blocks = offload_num_blocks(config, self.sizing)
         self.step_sync = _step_sync(model, config)
-        if self.step_sync is not None:   # every rank must size its cache like the driver's
-            self.sizing, num_offload_blocks = self.step_sync.group.broadcast(
-                (self.sizing, num_offload_blocks))
+        sized = None
+        if self.step_sync is None or self.step_sync.is_driver:
+            sizing = compute_sizing(
+                config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
+                head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
+                intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
+                dtype=kv_cache_dtype(model.device, model.dtype), device=model.device,
+                logit_processing=logit_processing,
+                num_submitted=workload_hints.get("num_requests"),
+                num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
+                sliding_window=sliding_window if pooled else None,
+                max_context=getattr(hf_config, "max_position_embeddings", None))
+            sized = (sizing, offload_num_blocks(config, sizing))
+        if self.step_sync is not None:   # every rank sizes its cache like the driver's
+            sized = self.step_sync.group.broadcast(sized)
+        self.sizing, num_offload_blocks = sized
         self.allocator = BlockAllocator(self.sizing.num_blocks,
                                         enable_caching=config.allow_block_sharing)
         self.scheduler = Scheduler(

@@ -92,7 +92,7 @@ class EngineModel:
                 manager.warmup()
             outcome = (self._collect(manager, inputs, record_timestamps, progress_bar, kwargs)
                        if manager.is_driver else manager.join())
-        except Exception as error:
+        except BaseException as error:   # under TP the followers still need an answer
             if self.tp_group is None:
                 raise
             outcome = error
@@ -103,9 +103,9 @@ class EngineModel:
         if self.tp_group is not None:    # every rank returns the driver's outputs
             shared = self.tp_group.broadcast(
                 RuntimeError(f"generate_batch failed on the driver rank: {outcome!r}")
-                if isinstance(outcome, Exception) else outcome)
+                if isinstance(outcome, BaseException) else outcome)
             outcome = outcome if manager.is_driver else shared
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, BaseException):
             raise outcome
         return outcome
 
@@ -213,7 +213,7 @@ def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
     source = gguf_source(spec, Path(cache_dir) if cache_dir else None)
     if source is None:
         return
-    kernels = load_block_kernels()
+    kernels = load_block_kernels(Path(cache_dir) if cache_dir else None)
     if kernels is None:
         return
     installed = use_gguf_blocks(module, source, config, kernels)

@@ -53,7 +53,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed)
         self.max_threads = torch.get_num_threads()
         self.small_step_tokens = SMALL_STEP_TOKENS
-        if any(isinstance(m, BlockLinear) for m in model.modules()):
+        if any(isinstance(m, BlockLinear) for m in model.layers.modules()):
             # steps on the block kernels leave the other cores to the kernel's helpers
             self.small_step_tokens = max(SMALL_STEP_TOKENS, MAX_KERNEL_ROWS)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ class TensorParallelGroup:
     device: torch.device
     device_group: Any
     control_group: Any
+    _control_groups: dict = field(default_factory=dict)
 
     @property
     def is_driver(self) -> bool:
@@ -62,9 +63,13 @@ class TensorParallelGroup:
         return box[0]
 
     def set_control_timeout(self, seconds: float | None) -> None:
-        """Re-create the control group with a new collective timeout (the manager's
-        `cpu_group_timeout`); every rank must call it at the same point."""
-        self.control_group = dist.new_group(backend="gloo", timeout=as_timeout(seconds))
+        """Use a control group whose collectives time out after `seconds` (the
+        manager's `cpu_group_timeout`); every rank must call it at the same point.
+        Groups are created once per timeout value and reused by later managers."""
+        if seconds not in self._control_groups:
+            self._control_groups[seconds] = dist.new_group(backend="gloo",
+                                                           timeout=as_timeout(seconds))
+        self.control_group = self._control_groups[seconds]
 
 
 def init_tensor_parallel(tp_size: int, device: torch.device,
@@ -89,4 +94,5 @@ def init_tensor_parallel(tp_size: int, device: torch.device,
     control_group = dist.new_group(backend="gloo", timeout=as_timeout(timeout_s))
     return TensorParallelGroup(rank=dist.get_rank(), world_size=dist.get_world_size(),
                                device=device, device_group=dist.group.WORLD,
-                               control_group=control_group)
+                               control_group=control_group,
+                               _control_groups={timeout_s: control_group})

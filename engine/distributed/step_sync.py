@@ -7,13 +7,14 @@ its own device. Followers run exactly the plans they receive, in order, and stop
 a stop message. While the driver has nothing to run it sends an idle message now and
 then, so the followers' blocking receive does not hit the control group's timeout.
 
-Thread rules: the driver sends from its engine thread only (and from the thread that
-builds or destroys the manager, never concurrently with the engine thread); a
-follower receives on its engine thread.
+Thread rules: the driver sends from its engine thread and from a caller running
+`warmup()`; a lock keeps their broadcasts whole and in one order. A follower receives
+on its engine thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
@@ -40,6 +41,9 @@ class StepSync:
         # driver within the timeout, not twice it
         self.idle_interval_s = 30.0 if timeout_s is None else max(0.05, min(30.0, timeout_s / 4))
         self._last_sent = time.monotonic()
+        self._send_lock = threading.Lock()
+        """One broadcast at a time: a warmup step (caller's thread) and an idle
+        message (engine thread) must not interleave their collectives."""
 
     @property
     def is_driver(self) -> bool:
@@ -57,8 +61,9 @@ class StepSync:
         self._send(_STOP)
 
     def _send(self, message: Any) -> None:
-        self.group.broadcast(message)
-        self._last_sent = time.monotonic()
+        with self._send_lock:
+            self.group.broadcast(message)
+            self._last_sent = time.monotonic()
 
     # -- follower ----------------------------------------------------------------------
     def receive(self) -> StepPlan | None:

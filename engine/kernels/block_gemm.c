@@ -156,6 +156,7 @@ static void q8_part(const void *arg, int part, int parts) {
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads) {
     if (k % BLOCK) return 1;
+    if (rows <= 0 || n <= 0) return 0;
     const int64_t blocks = k / BLOCK;
     float *xsum = malloc(sizeof(float) * rows * blocks);       /* [rows, blocks] */
     if (!xsum) return 2;
@@ -174,6 +175,7 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
 int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *d,
             int64_t n, float *y, int num_threads) {
     if (k % BLOCK) return 1;
+    if (rows <= 0 || n <= 0) return 0;
     GemmJob job = {x, d, NULL, NULL, q, rows, k, n, y};
     run_parallel(q8_part, &job, num_threads);
     return 0;

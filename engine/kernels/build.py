@@ -50,7 +50,7 @@ class BlockKernels:
         Called ~120 times per decode step: kept to the bare calls."""
         rows, in_features = x.shape
         out_features = codes.shape[0]
-        y = torch.empty(rows, out_features)
+        y = torch.empty(rows, out_features, dtype=torch.float32)   # never the default dtype
         if kind == "Q4_1":
             status = self._q4(x.data_ptr(), rows, in_features, codes.data_ptr(),
                               scales.data_ptr(), minima.data_ptr(), out_features,
@@ -67,6 +67,19 @@ class BlockKernels:
 
     def q8(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return self.gemm("Q8_0", x, q, d, None)
+
+
+def default_num_threads() -> int:
+    """Threads a kernel call may use: OMP_NUM_THREADS when set (torchrun sets 1 per
+    rank), else the CPUs this process may run on. Not torch.get_num_threads(): the
+    engine lowers that to 1 for small steps."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
 
 
 def _cpu_flags() -> str:
@@ -104,14 +117,13 @@ def load_block_kernels(cache_dir: Path | None = None) -> BlockKernels | None:
         if compiler is None:
             logger.info("no C compiler: block-weight kernels off, dense fp32 matmuls serve")
         else:
-            key = hashlib.sha256(SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-                                 + compiler.encode()
-                                 + _cpu_flags().encode()).hexdigest()[:16]
-            target = root / "kernels" / f"block_gemm-{key}.so"
             try:
+                key = hashlib.sha256(SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+                                     + compiler.encode() + _cpu_flags().encode()).hexdigest()[:16]
+                target = root / "kernels" / f"block_gemm-{key}.so"
                 if not target.is_file():
                     _build(compiler, target)
-                kernels = BlockKernels(ctypes.CDLL(str(target)), max(1, torch.get_num_threads()))
+                kernels = BlockKernels(ctypes.CDLL(str(target)), default_num_threads())
             except (OSError, subprocess.SubprocessError) as error:
                 detail = getattr(error, "stderr", "") or error
                 logger.warning("block-weight kernels unavailable (%s): dense fp32 matmuls serve",

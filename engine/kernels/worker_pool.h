@@ -12,6 +12,7 @@
  * uses the pool at a time; a concurrent caller runs every part itself.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -53,7 +54,10 @@ static long wait_for_work(long seen) {
         generation = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (generation != seen) return generation;
         CPU_RELAX();
-        if ((spins & 1023) == 1023 && now_ns() > deadline) break;
+        if ((spins & 1023) == 1023) {
+            if (now_ns() > deadline) break;
+            sched_yield();          /* let a runnable thread in on a busy host */
+        }
     }
     pthread_mutex_lock(&pool.sleep_lock);
     while ((generation = atomic_load(&pool.generation)) == seen)
@@ -114,6 +118,7 @@ static void run_parallel(part_fn fn, const void *job, int parts) {
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.sleep_lock);
     fn(job, 0, runnable);
-    while (atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0) CPU_RELAX();
+    for (int spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++)
+        if (spins & 1023) CPU_RELAX(); else sched_yield();
     pthread_mutex_unlock(&pool.caller);
 }
