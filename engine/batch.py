@@ -139,4 +139,5 @@ def _with_decodes(meta: AttentionMetadata, rows: list[int], tables: list[list[in
         decode_rows=torch.tensor(rows, dtype=torch.long, device=device),
         decode_kv_slots=slots,
         decode_mask=mask[:, None, None, :],       # [D, 1, 1, L]: broadcast over heads
+        decode_lengths=(end - first).view(-1),
     )

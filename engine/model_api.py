@@ -206,14 +206,14 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
 
 
 def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
-    from .kernels import load_block_kernels
+    from .kernels import load_native_kernels
     from .loading import gguf_source
     from .models.block_weights import use_gguf_blocks
 
     source = gguf_source(spec, Path(cache_dir) if cache_dir else None)
     if source is None:
         return
-    kernels = load_block_kernels(Path(cache_dir) if cache_dir else None)
+    kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
     if kernels is None:
         return
     installed = use_gguf_blocks(module, source, config, kernels)

@@ -51,3 +51,6 @@ class AttentionMetadata:
     sliding: "AttentionMetadata | None" = None
     """The sliding-window group's metadata, on the full group's object, for models
     with sliding layers."""
+    decode_lengths: torch.Tensor | None = None
+    """[D] long: how many leading entries of each decode_kv_slots row are real
+    context (the rest is padding)."""

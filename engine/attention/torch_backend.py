@@ -1,8 +1,10 @@
 """Paged attention with plain torch ops: works on any device.
 
 Per layer: scatter the step's new K/V into the cache pages (one index_copy_), then
-- decode requests (one query each) are batched into a single SDPA call over their
-  contexts gathered from the pages and padded to the longest, with a padding mask;
+- decode requests (one query each): on a CPU fp32 cache, the native kernel reads
+  their contexts in place (engine/kernels/paged_attention.c); otherwise they are
+  batched over their contexts gathered from the pages and padded to the longest,
+  with a padding mask (one SDPA call for a few requests, per-KV-head matmuls for many);
 - each prefill chunk runs its own SDPA call: over its fresh K/V when it starts at
   position 0 (plain causal), else over its whole context gathered from the pages with
   a causal mask shifted by the tokens already cached.
@@ -18,6 +20,20 @@ from .metadata import AttentionMetadata
 FUSED_DECODE_MAX_BATCH = 4
 """Decode batches up to this size take one SDPA call; larger ones the per-KV-head
 matmuls, which gather and multiply faster once the contexts are many."""
+
+
+_kernels: list = []      # [NativeKernels | None] once looked up
+
+
+def _native_kernels(flat_keys: torch.Tensor):
+    """The native decode-attention kernel for an fp32 cache on the CPU, else None."""
+    if flat_keys.dtype != torch.float32 or flat_keys.device.type != "cpu" \
+            or not flat_keys.is_contiguous():
+        return None
+    if not _kernels:
+        from ..kernels import load_native_kernels
+        _kernels.append(load_native_kernels())
+    return _kernels[0]
 
 
 class TorchPagedAttention:
@@ -54,6 +70,11 @@ class TorchPagedAttention:
         num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
         group = query.shape[1] // num_kv_heads
         dtype = flat_keys.dtype
+        kernels = _native_kernels(flat_keys)
+        if kernels is not None and meta.decode_lengths is not None:
+            q = query[meta.decode_rows].to(dtype)                  # [B, H, D]
+            return kernels.paged_decode_attention(q, flat_keys, flat_values, slots,
+                                                  meta.decode_lengths, scale).to(query.dtype)
         if batch <= FUSED_DECODE_MAX_BATCH:
             return TorchPagedAttention._decode_fused(query, flat_keys, flat_values, meta, scale)
         q = query[meta.decode_rows].to(dtype).view(batch, num_kv_heads, group, head_dim)

@@ -1,11 +1,13 @@
-"""Build and load the block-weight kernels of block_gemm.c.
+"""Build and load the engine's native CPU kernels: matrix products on GGUF weight
+blocks (block_gemm.c) and decode attention over the paged cache (paged_attention.c),
+sharing one pool of helper threads (worker_pool.c).
 
-The C file is compiled once per machine with the system C compiler (`cc -O3
--march=native -pthread`) into `<cache>/kernels/`, keyed by the source, the compiler
-and the CPU's feature flags, and loaded with ctypes; ctypes releases the GIL during
-the call. Without a compiler, or when the build fails, `load_block_kernels()` returns
-None (logged once) and callers keep their torch path. KVSERVE_BLOCK_KERNELS=0 turns
-the kernels off.
+The C files are compiled once per machine with the system C compiler (`cc -O3
+-march=native -pthread`) into one library under `<cache>/kernels/`, keyed by the
+sources, the compiler and the CPU's feature flags, and loaded with ctypes; ctypes
+releases the GIL during each call. Without a compiler, or when the build fails,
+`load_native_kernels()` returns None (logged once) and callers keep their torch
+path. KVSERVE_NATIVE_KERNELS=0 turns the kernels off.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("block_gemm.c")
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("block_gemm.c", "paged_attention.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name("worker_pool.h")]
 _lock = threading.Lock()
-_loaded: dict[str, "BlockKernels | None"] = {}
+_loaded: dict[str, "NativeKernels | None"] = {}
 
 
-class BlockKernels:
-    """y = x @ W^T for fp32 x [rows, K] and W in Q4_1 / Q8_0 blocks (see block_gemm.c)."""
+class NativeKernels:
+    """ctypes front of the compiled library; every method takes and returns torch
+    tensors on the CPU and checks what the C code relies on."""
 
     def __init__(self, library: ctypes.CDLL, num_threads: int) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
@@ -39,6 +43,9 @@ class BlockKernels:
                                     pointer, ctypes.c_int]
         library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
                                     ctypes.c_int]
+        library.paged_decode_attention.argtypes = [
+            pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
+            ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.num_threads = num_threads
@@ -61,6 +68,29 @@ class BlockKernels:
         if status:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
+
+    def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
+                               values: torch.Tensor, slots: torch.Tensor,
+                               lengths: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [B, H, D] fp32; keys, values [num_slots, KVH, D] fp32 (the flat
+        cache); slots [B, L] long, row b valid on its first lengths[b] entries ->
+        out [B, H, D] (see paged_attention.c)."""
+        query, slots, lengths = query.contiguous(), slots.contiguous(), lengths.contiguous()
+        for name, tensor, dtype in (("query", query, torch.float32), ("keys", keys, torch.float32),
+                                    ("values", values, torch.float32), ("slots", slots, torch.int64),
+                                    ("lengths", lengths, torch.int64)):
+            if tensor.dtype != dtype or tensor.device.type != "cpu" or not tensor.is_contiguous():
+                raise ValueError(f"paged_decode_attention: {name} must be a contiguous CPU "
+                                 f"{dtype} tensor")
+        batch, heads, dim = query.shape
+        out = torch.empty(batch, heads, dim, dtype=torch.float32)
+        status = self._library.paged_decode_attention(
+            query.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
+            lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
+            out.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"paged_decode_attention failed ({status})")
+        return out
 
     def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return self.gemm("Q4_1", x, q, d, m)
@@ -97,14 +127,14 @@ def _build(compiler: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         partial = Path(staging) / target.name
         subprocess.run([compiler, "-O3", "-march=native", "-pthread", "-shared", "-fPIC",
-                        "-o", str(partial), str(SOURCE)],
+                        "-o", str(partial), *map(str, SOURCES), "-lm"],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(partial, target)      # atomic: concurrent builders never see half a file
 
 
-def load_block_kernels(cache_dir: Path | None = None) -> BlockKernels | None:
+def load_native_kernels(cache_dir: Path | None = None) -> NativeKernels | None:
     """The compiled kernels, or None when they cannot be built here (any thread)."""
-    if os.environ.get("KVSERVE_BLOCK_KERNELS", "1") == "0":
+    if os.environ.get("KVSERVE_NATIVE_KERNELS", "1") == "0":
         return None
     from ..loading import default_cache_dir
 
@@ -115,18 +145,19 @@ def load_block_kernels(cache_dir: Path | None = None) -> BlockKernels | None:
         kernels = None
         compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
         if compiler is None:
-            logger.info("no C compiler: block-weight kernels off, dense fp32 matmuls serve")
+            logger.info("no C compiler: native kernels off, torch ops serve")
         else:
             try:
-                key = hashlib.sha256(SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-                                     + compiler.encode() + _cpu_flags().encode()).hexdigest()[:16]
-                target = root / "kernels" / f"block_gemm-{key}.so"
+                sources = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+                key = hashlib.sha256(sources + compiler.encode()
+                                     + _cpu_flags().encode()).hexdigest()[:16]
+                target = root / "kernels" / f"kvserve_kernels-{key}.so"
                 if not target.is_file():
                     _build(compiler, target)
-                kernels = BlockKernels(ctypes.CDLL(str(target)), default_num_threads())
+                kernels = NativeKernels(ctypes.CDLL(str(target)), default_num_threads())
             except (OSError, subprocess.SubprocessError) as error:
                 detail = getattr(error, "stderr", "") or error
-                logger.warning("block-weight kernels unavailable (%s): dense fp32 matmuls serve",
+                logger.warning("native kernels unavailable (%s): torch ops serve",
                                str(detail).strip()[:500])
         _loaded[str(root)] = kernels
         return kernels

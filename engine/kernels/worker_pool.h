@@ -11,114 +11,11 @@
  * calling thread, the others on helpers; it returns when all are done. One caller
  * uses the pool at a time; a concurrent caller runs every part itself.
  */
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <time.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
-
-#define MAX_HELPERS 63
-#define SPIN_NS 2000000LL   /* 2 ms */
+#ifndef KVSERVE_WORKER_POOL_H
+#define KVSERVE_WORKER_POOL_H
 
 typedef void (*part_fn)(const void *job, int part, int parts);
 
-static struct {
-    pthread_mutex_t caller;          /* held by the one caller using the pool */
-    pthread_mutex_t sleep_lock;      /* with `wake`: helpers sleeping past SPIN_NS */
-    pthread_cond_t wake;
-    atomic_long generation;          /* bumped once per run_parallel */
-    atomic_int remaining;            /* helpers still working on this generation */
-    int num_helpers;
-    long first_seen[MAX_HELPERS + 1];  /* per helper: the generation current at its birth */
-    part_fn fn;
-    const void *job;
-    int parts;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+void run_parallel(part_fn fn, const void *job, int parts);
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static long wait_for_work(long seen) {
-    long generation;
-    int64_t deadline = now_ns() + SPIN_NS;
-    for (int spins = 0;; spins++) {
-        generation = atomic_load_explicit(&pool.generation, memory_order_acquire);
-        if (generation != seen) return generation;
-        CPU_RELAX();
-        if ((spins & 1023) == 1023) {
-            if (now_ns() > deadline) break;
-            sched_yield();          /* let a runnable thread in on a busy host */
-        }
-    }
-    pthread_mutex_lock(&pool.sleep_lock);
-    while ((generation = atomic_load(&pool.generation)) == seen)
-        pthread_cond_wait(&pool.wake, &pool.sleep_lock);
-    pthread_mutex_unlock(&pool.sleep_lock);
-    return generation;
-}
-
-static void *helper_main(void *arg) {
-    const int part = (int)(intptr_t)arg;          /* helper i runs part i + 1 */
-    long seen = pool.first_seen[part];
-    for (;;) {
-        seen = wait_for_work(seen);
-        if (part < pool.parts) pool.fn(pool.job, part, pool.parts);
-        atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_release);
-    }
-    return NULL;
-}
-
-static void reset_after_fork(void) {    /* the child has none of the parent's helpers */
-    pthread_mutex_init(&pool.caller, NULL);
-    pthread_mutex_init(&pool.sleep_lock, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pool.num_helpers = 0;
-}
-
-static int grow_pool(int wanted) {      /* called with `caller` held */
-    static int fork_handler_installed = 0;
-    if (!fork_handler_installed) {
-        pthread_atfork(NULL, NULL, reset_after_fork);
-        fork_handler_installed = 1;
-    }
-    while (pool.num_helpers < wanted && pool.num_helpers < MAX_HELPERS) {
-        pthread_t thread;
-        /* it waits for the generation after the current one, however late it starts */
-        pool.first_seen[pool.num_helpers + 1] = atomic_load(&pool.generation);
-        if (pthread_create(&thread, NULL, helper_main, (void *)(intptr_t)(pool.num_helpers + 1)))
-            break;
-        pthread_detach(thread);
-        pool.num_helpers++;
-    }
-    return pool.num_helpers;
-}
-
-static void run_parallel(part_fn fn, const void *job, int parts) {
-    if (parts <= 1 || pthread_mutex_trylock(&pool.caller) != 0) {
-        for (int part = 0; part < parts; part++) fn(job, part, parts);
-        return;
-    }
-    int helpers = grow_pool(parts - 1);
-    int runnable = helpers + 1 < parts ? helpers + 1 : parts;
-    pool.fn = fn;
-    pool.job = job;
-    pool.parts = runnable;
-    atomic_store_explicit(&pool.remaining, helpers, memory_order_relaxed);
-    pthread_mutex_lock(&pool.sleep_lock);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.sleep_lock);
-    fn(job, 0, runnable);
-    for (int spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++)
-        if (spins & 1023) CPU_RELAX(); else sched_yield();
-    pthread_mutex_unlock(&pool.caller);
-}
+#endif

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from engine import GenerationConfig, load_model
 from engine.kernels import build as kernel_build
-from engine.kernels import load_block_kernels
+from engine.kernels import load_native_kernels
 from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, concat,
                                          parse_blocks)
 
@@ -41,7 +41,7 @@ def assert_within_rounding(got, want, x, weight):
 
 @pytest.fixture(scope="module")
 def kernels():
-    built = load_block_kernels()
+    built = load_native_kernels()
     assert built is not None, "a C compiler is part of this project's CI machine"
     return built
 
@@ -79,13 +79,13 @@ def test_fused_blocks_keep_their_row_order(kernels):
 
 
 def test_kernels_can_be_turned_off_or_missing(monkeypatch, tmp_path):
-    monkeypatch.setenv("KVSERVE_BLOCK_KERNELS", "0")
-    assert load_block_kernels(tmp_path) is None
-    monkeypatch.delenv("KVSERVE_BLOCK_KERNELS")
+    monkeypatch.setenv("KVSERVE_NATIVE_KERNELS", "0")
+    assert load_native_kernels(tmp_path) is None
+    monkeypatch.delenv("KVSERVE_NATIVE_KERNELS")
     monkeypatch.setenv("CC", "false")            # a "compiler" that always fails
     monkeypatch.setattr(kernel_build.shutil, "which",
                         lambda name: "/bin/false" if name == "false" else None)
-    assert load_block_kernels(tmp_path / "failing") is None
+    assert load_native_kernels(tmp_path / "failing") is None
 
 
 @pytest.mark.slow
