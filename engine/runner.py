@@ -10,6 +10,7 @@ from .batch import StepInputs, build_step_inputs
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
+from .kernels import load_native_kernels
 from .models.block_weights import MAX_KERNEL_ROWS, BlockLinear
 from .requests import RequestState
 from .sampling import SampleResult, Sampler
@@ -67,6 +68,9 @@ class ModelRunner:
         wanted = 1 if num_tokens <= self.small_step_tokens else self.max_threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
+        kernels = load_native_kernels() if self.kv_dtype == torch.float32 else None
+        if kernels is not None:     # helpers spinning between calls would take torch's cores
+            kernels.set_spinning(wanted == 1)
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:

@@ -43,6 +43,8 @@ class NativeKernels:
                                     pointer, ctypes.c_int]
         library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
                                     ctypes.c_int]
+        library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
+        self._spinning: bool | None = None
         library.paged_decode_attention.argtypes = [
             pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
             ctypes.c_float, pointer, ctypes.c_int]
@@ -68,6 +70,12 @@ class NativeKernels:
         if status:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
+
+    def set_spinning(self, spinning: bool) -> None:
+        """Whether idle helper threads spin (2 ms) or sleep at once; see worker_pool.h."""
+        if spinning != self._spinning:
+            self._library.set_helper_spin_ns(2_000_000 if spinning else 0)
+            self._spinning = spinning
 
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,

@@ -14,11 +14,11 @@
 #endif
 
 #define MAX_HELPERS 63
-#define SPIN_NS 2000000LL   /* 2 ms */
+static atomic_llong spin_ns = 2000000LL;   /* 2 ms; see set_helper_spin_ns */
 
 static struct {
     pthread_mutex_t caller;          /* held by the one caller using the pool */
-    pthread_mutex_t sleep_lock;      /* with `wake`: helpers sleeping past SPIN_NS */
+    pthread_mutex_t sleep_lock;      /* with `wake`: helpers sleeping after their spin */
     pthread_cond_t wake;
     atomic_long generation;          /* bumped once per run_parallel */
     atomic_int remaining;            /* helpers still working on this generation */
@@ -37,7 +37,7 @@ static int64_t now_ns(void) {
 
 static long wait_for_work(long seen) {
     long generation;
-    int64_t deadline = now_ns() + SPIN_NS;
+    int64_t deadline = now_ns() + atomic_load_explicit(&spin_ns, memory_order_relaxed);
     for (int spins = 0;; spins++) {
         generation = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (generation != seen) return generation;
@@ -52,6 +52,10 @@ static long wait_for_work(long seen) {
         pthread_cond_wait(&pool.wake, &pool.sleep_lock);
     pthread_mutex_unlock(&pool.sleep_lock);
     return generation;
+}
+
+void set_helper_spin_ns(long long nanoseconds) {
+    atomic_store(&spin_ns, nanoseconds < 0 ? 0 : nanoseconds);
 }
 
 static void *helper_main(void *arg) {

@@ -4,8 +4,8 @@
  * lasting tens of microseconds, from the engine's own thread. libgomp parks a
  * helper after a short spin once it manages more threads than there are CPUs (the
  * case as soon as two threads of one process have used OpenMP), and waking it costs
- * more than the call. These helpers spin for up to SPIN_NS between calls (a decode
- * step calls far more often than that), then sleep on a condition variable.
+ * more than the call. These helpers spin between calls (2 ms by default, far longer
+ * than the gaps inside a decode step), then sleep on a condition variable.
  *
  * run_parallel(job, parts) runs job(part, parts) for part = 0..parts-1: part 0 on the
  * calling thread, the others on helpers; it returns when all are done. One caller
@@ -17,5 +17,10 @@
 typedef void (*part_fn)(const void *job, int part, int parts);
 
 void run_parallel(part_fn fn, const void *job, int parts);
+
+/* How long idle helpers spin before sleeping. Spinning suits steps whose other work
+ * is single-threaded; when torch runs its own threads between calls, spinning
+ * helpers would take their cores, so the engine sets 0 for those steps. */
+void set_helper_spin_ns(long long nanoseconds);
 
 #endif

@@ -1,0 +1,95 @@
+"""Decode-step latency: one forward pass of B requests that each feed one token
+after a context of C tokens, through the engine's own runner (paged cache, sampling
+included), timed on a worker thread as the engine thread runs it.
+
+    python -m bench.step --batch 1,8,32 --context 100,1000 --json step.json
+
+It isolates what a decode step costs (the inter-token latency floor at concurrency
+B) from prefill and HTTP. Run it twice, with KVSERVE_NATIVE_KERNELS=0 the second
+time, to compare the native kernels with torch's ops side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+
+from engine import load_model
+from engine.generation_config import SamplingParams
+from engine.kv_cache.allocator import BlockAllocator
+from engine.kv_cache.sizing import CacheSizing
+from engine.requests import RequestState
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+
+PAGE_SIZE = 16
+
+
+def decode_batch(runner_blocks: BlockAllocator, batch: int, context: int) -> ScheduledBatch:
+    """`batch` requests holding `context` cached tokens, each feeding token `context`."""
+    entries = []
+    for index in range(batch):
+        request = RequestState(f"bench-{index}", [3 + index % 100] * context, 8, (),
+                               SamplingParams())
+        request.block_ids = runner_blocks.allocate(blocks_needed(context + 1, PAGE_SIZE))
+        request.generated_tokens.append(7)
+        entries.append(ScheduledRequest(request, context, 1, True))
+    return ScheduledBatch(entries, [])
+
+
+def time_steps(model, batch: int, context: int, repeats: int) -> float:
+    """Median seconds of one step over `repeats` (after three warm-up steps)."""
+    num_blocks = batch * blocks_needed(context + 1, PAGE_SIZE)
+    sizing = CacheSizing(num_blocks, PAGE_SIZE, context + 1, batch, 0)
+    runner = ModelRunner(model.module, sizing, seed=0)
+    scheduled = decode_batch(BlockAllocator(num_blocks), batch, context)
+    times: list[float] = []
+
+    def run() -> None:
+        for _ in range(3):
+            runner.step(scheduled)
+        for _ in range(repeats):
+            started = time.perf_counter()
+            runner.step(scheduled)
+            times.append(time.perf_counter() - started)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    runner.cache.release()
+    return statistics.median(times)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
+    parser.add_argument("--context", default="100", help="comma-separated context lengths")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    model = load_model(args.model, dtype=args.dtype, progress=False)
+    native = os.environ.get("KVSERVE_NATIVE_KERNELS", "1") != "0"
+    rows = []
+    for context in (int(c) for c in args.context.split(",")):
+        for batch in (int(b) for b in args.batch.split(",")):
+            seconds = time_steps(model, batch, context, args.repeats)
+            rows.append({"batch": batch, "context": context, "step_ms": round(seconds * 1e3, 2),
+                         "tokens_per_s": round(batch / seconds, 1)})
+            print(f"batch {batch:4d}  context {context:6d}  step {seconds * 1e3:8.2f} ms  "
+                  f"{batch / seconds:8.1f} tok/s")
+    report = {"model": args.model, "dtype": args.dtype, "native_kernels": native, "steps": rows}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
