@@ -9,7 +9,9 @@
  * context key, a softmax per query head, and the probability-weighted sum of the
  * values, written to out[b, H, D]. Keys and values are read in place, once per pair:
  * no gathered copy of the context, no padded matmuls. Pairs are split over
- * `num_threads` threads (worker_pool.h).
+ * `num_threads` threads (worker_pool.h); when there are too few pairs to keep the
+ * threads busy (one request, long context), each context is cut into chunks whose
+ * partial softmaxes are merged at the end, as flash-decoding does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,7 +29,9 @@ typedef struct {
     int64_t batch, width, heads, kv_heads, dim;
     float scale;
     float *out;
+    int64_t chunks;          /* context pieces per (request, KV head) pair */
     float *scratch;          /* per part: G * width scores */
+    float *partials;         /* per work item: G * (D + 2): max, sum, unnormalised output */
 } AttentionJob;
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -48,42 +52,84 @@ static void add_scaled(float alpha, const float *x, float *y, int64_t n) {   /* 
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
-static void attend(const AttentionJob *job, int64_t b, int64_t h, float *scores) {
-    const int64_t group = job->heads / job->kv_heads, dim = job->dim;
-    const int64_t length = job->lengths[b];
+/* Context positions [start, end) of request b against KV head h. Per query head g it
+ * writes result[g] = {max score, sum of exp(score - max), sum of exp(score - max) * v}
+ * (D + 2 floats), the pieces a softmax over several ranges merges from. */
+static void attend_range(const AttentionJob *job, int64_t b, int64_t h, int64_t start,
+                         int64_t end, float *scores, float *result) {
+    const int64_t group = job->heads / job->kv_heads, dim = job->dim, count = end - start;
     const int64_t *row = job->slots + b * job->width;
     const float *q = job->q + (b * job->heads + h * group) * dim;       /* [G, D] */
-    float *out = job->out + (b * job->heads + h * group) * dim;         /* [G, D] */
-    for (int64_t l = 0; l < length; l++) {
-        const float *key = job->keys + (row[l] * job->kv_heads + h) * dim;
+    for (int64_t l = 0; l < count; l++) {
+        const float *key = job->keys + (row[start + l] * job->kv_heads + h) * dim;
         for (int64_t g = 0; g < group; g++)
-            scores[g * length + l] = dot(q + g * dim, key, dim) * job->scale;
+            scores[g * count + l] = dot(q + g * dim, key, dim) * job->scale;
     }
-    for (int64_t g = 0; g < group; g++) {            /* softmax, normalised at the end */
-        float *s = scores + g * length, top = -INFINITY, total = 0.0f;
-        for (int64_t l = 0; l < length; l++) top = s[l] > top ? s[l] : top;
-        for (int64_t l = 0; l < length; l++) {
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * count, top = -INFINITY, total = 0.0f;
+        for (int64_t l = 0; l < count; l++) top = s[l] > top ? s[l] : top;
+        for (int64_t l = 0; l < count; l++) {
             s[l] = expf(s[l] - top);
             total += s[l];
         }
-        const float inverse = 1.0f / total;
-        for (int64_t l = 0; l < length; l++) s[l] *= inverse;
+        result[g * (dim + 2)] = top;
+        result[g * (dim + 2) + 1] = total;
+        memset(result + g * (dim + 2) + 2, 0, sizeof(float) * dim);
     }
-    memset(out, 0, sizeof(float) * group * dim);
-    for (int64_t l = 0; l < length; l++) {
-        const float *value = job->values + (row[l] * job->kv_heads + h) * dim;
-        for (int64_t g = 0; g < group; g++) add_scaled(scores[g * length + l], value, out + g * dim, dim);
+    for (int64_t l = 0; l < count; l++) {
+        const float *value = job->values + (row[start + l] * job->kv_heads + h) * dim;
+        for (int64_t g = 0; g < group; g++)
+            add_scaled(scores[g * count + l], value, result + g * (dim + 2) + 2, dim);
     }
 }
 
-/* (request, KV head) pairs [pairs * part / parts, pairs * (part + 1) / parts). */
+/* Work items [items * part / parts, items * (part + 1) / parts): item i is chunk
+ * i % chunks of pair i / chunks, pair p being (request p / KVH, KV head p % KVH). */
 static void attention_part(const void *arg, int part, int parts) {
     const AttentionJob *job = arg;
-    const int64_t pairs = job->batch * job->kv_heads;
-    const int64_t group = job->heads / job->kv_heads;
+    const int64_t group = job->heads / job->kv_heads, items = job->batch * job->kv_heads * job->chunks;
     float *scores = job->scratch + (int64_t)part * group * job->width;
-    for (int64_t pair = pairs * part / parts; pair < pairs * (part + 1) / parts; pair++)
-        attend(job, pair / job->kv_heads, pair % job->kv_heads, scores);
+    for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
+        const int64_t pair = item / job->chunks, chunk = item % job->chunks;
+        const int64_t b = pair / job->kv_heads, length = job->lengths[b];
+        attend_range(job, b, pair % job->kv_heads, length * chunk / job->chunks,
+                     length * (chunk + 1) / job->chunks, scores,
+                     job->partials + item * group * (job->dim + 2));
+    }
+}
+
+/* out = the softmax-weighted values, merging each pair's chunks:
+ * M = max of the chunks' maxima, weight_c = exp(max_c - M),
+ * out = sum_c weight_c * acc_c / sum_c weight_c * sum_c. */
+static void merge(const AttentionJob *job) {
+    const int64_t group = job->heads / job->kv_heads, dim = job->dim;
+    for (int64_t pair = 0; pair < job->batch * job->kv_heads; pair++) {
+        const int64_t b = pair / job->kv_heads, h = pair % job->kv_heads;
+        for (int64_t g = 0; g < group; g++) {
+            float *out = job->out + (b * job->heads + h * group + g) * dim;
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t c = 0; c < job->chunks; c++) {
+                const float *piece = job->partials + ((pair * job->chunks + c) * group + g) * (dim + 2);
+                if (piece[1] > 0.0f && piece[0] > top) top = piece[0];
+            }
+            memset(out, 0, sizeof(float) * dim);
+            for (int64_t c = 0; c < job->chunks; c++) {
+                const float *piece = job->partials + ((pair * job->chunks + c) * group + g) * (dim + 2);
+                if (piece[1] <= 0.0f) continue;           /* an empty chunk */
+                const float weight = expf(piece[0] - top);
+                total += weight * piece[1];
+                add_scaled(weight, piece + 2, out, dim);
+            }
+            for (int64_t d = 0; d < dim; d++) out[d] /= total;
+        }
+    }
+}
+
+/* Few pairs and long contexts: split each context so every thread has work. */
+static int64_t choose_chunks(int64_t pairs, int64_t longest, int parts) {
+    if (parts <= 1 || pairs >= 4 * (int64_t)parts || longest < 256) return 1;
+    int64_t chunks = (4 * (int64_t)parts + pairs - 1) / pairs;
+    return chunks > longest / 64 ? longest / 64 : chunks;
 }
 
 int paged_decode_attention(const float *q, const float *keys, const float *values,
@@ -92,14 +138,26 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
                            float scale, float *out, int num_threads) {
     if (batch <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return 1;
-    for (int64_t b = 0; b < batch; b++)
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; b++) {
         if (lengths[b] < 1 || lengths[b] > width) return 3;
+        longest = lengths[b] > longest ? lengths[b] : longest;
+    }
     const int parts = num_threads < 1 ? 1 : num_threads;
-    float *scratch = malloc(sizeof(float) * parts * (heads / kv_heads) * width);
-    if (!scratch) return 2;
+    const int64_t group = heads / kv_heads;
+    const int64_t chunks = choose_chunks(batch * kv_heads, longest, parts);
+    float *scratch = malloc(sizeof(float) * parts * group * width);
+    float *partials = malloc(sizeof(float) * batch * kv_heads * chunks * group * (dim + 2));
+    if (!scratch || !partials) {
+        free(scratch);
+        free(partials);
+        return 2;
+    }
     AttentionJob job = {q, keys, values, slots, lengths, batch, width, heads, kv_heads, dim,
-                        scale, out, scratch};
+                        scale, out, chunks, scratch, partials};
     run_parallel(attention_part, &job, parts);
+    merge(&job);
     free(scratch);
+    free(partials);
     return 0;
 }

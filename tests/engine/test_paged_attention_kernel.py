@@ -49,6 +49,26 @@ def test_kernel_matches_torch_attention(kernels, dim, heads, kv_heads):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim,heads,kv_heads", [(64, 9, 3), (10, 4, 4)])
+def test_long_contexts_split_over_threads_merge_exactly(kernels, monkeypatch, dim, heads, kv_heads):
+    """One or two requests with long contexts: each context is cut into chunks whose
+    partial softmaxes are merged; the result is still the whole softmax."""
+    monkeypatch.setattr(kernels, "num_threads", 4)
+    generator = torch.Generator().manual_seed(7)
+    num_slots, width = 4096, 1500
+    keys = torch.randn(num_slots, kv_heads, dim, generator=generator) * 3
+    values = torch.randn(num_slots, kv_heads, dim, generator=generator)
+    query = torch.randn(2, heads, dim, generator=generator)
+    lengths = torch.tensor([1500, 300])
+    slots = torch.randperm(num_slots, generator=generator)[:2 * width].view(2, width)
+    slots[1, 300:] = slots[1, 299]
+    for batch in (1, 2):
+        got = kernels.paged_decode_attention(query[:batch], keys, values, slots[:batch],
+                                             lengths[:batch], dim ** -0.5)
+        want = reference(query[:batch], keys, values, slots[:batch], lengths[:batch], dim ** -0.5)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_refuses_what_it_cannot_read(kernels):
     keys = torch.zeros(8, 1, 16)
     query = torch.zeros(1, 2, 16)
