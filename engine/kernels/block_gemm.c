@@ -14,6 +14,7 @@
  * Built at run time with -march=native (engine/kernels/build.py); without AVX-512 a
  * portable loop does the same arithmetic.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -153,19 +154,25 @@ static void q8_part(const void *arg, int part, int parts) {
                     rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * n + col, n);
 }
 
-int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
-            const float *m, int64_t n, float *y, int num_threads) {
-    if (k % BLOCK) return 1;
-    if (rows <= 0 || n <= 0) return 0;
+static float *block_sums(const float *x, int64_t rows, int64_t k) {    /* [rows, k/32] */
     const int64_t blocks = k / BLOCK;
-    float *xsum = malloc(sizeof(float) * rows * blocks);       /* [rows, blocks] */
-    if (!xsum) return 2;
+    float *sums = malloc(sizeof(float) * rows * blocks);
+    if (!sums) return NULL;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
             float s = 0.0f;
             for (int j = 0; j < BLOCK; j++) s += x[r * k + b * BLOCK + j];
-            xsum[r * blocks + b] = s;
+            sums[r * blocks + b] = s;
         }
+    return sums;
+}
+
+int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
+            const float *m, int64_t n, float *y, int num_threads) {
+    if (k % BLOCK) return 1;
+    if (rows <= 0 || n <= 0) return 0;
+    float *xsum = block_sums(x, rows, k);
+    if (!xsum) return 2;
     GemmJob job = {x, d, m, xsum, q, rows, k, n, y};
     run_parallel(q4_part, &job, num_threads);
     free(xsum);
@@ -179,4 +186,59 @@ int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const floa
     GemmJob job = {x, d, NULL, NULL, q, rows, k, n, y};
     run_parallel(q8_part, &job, num_threads);
     return 0;
+}
+
+/* The gated MLP of a decoder layer in one call: h = silu(x W_gate^T) * (x W_up^T),
+ * y = h W_down^T, with W_gate and W_up the two halves of one fused Q4_1 weight
+ * [2I, K] (gate rows first) and W_down a Q4_1 weight [N, I]. */
+typedef struct {
+    const float *x, *xsum;
+    const uint8_t *q;
+    const float *d, *m;
+    int64_t rows, k, intermediate;
+    float *h;                                    /* [rows, I] */
+} GateUpJob;
+
+static void gate_up_part(const void *arg, int part, int parts) {
+    const GateUpJob *job = arg;
+    const int64_t k = job->k, inter = job->intermediate, blocks = k / BLOCK;
+    for (int64_t col = inter * part / parts; col < inter * (part + 1) / parts; col++) {
+        const int64_t up_col = inter + col;
+        for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
+            const int64_t tile = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
+            float gate[ROW_TILE], up[ROW_TILE];
+            q4_rows(job->q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
+                    job->x + r0 * k, job->xsum + r0 * blocks, blocks, k, tile, gate, 1);
+            q4_rows(job->q + up_col * (k / 2), job->d + up_col * blocks, job->m + up_col * blocks,
+                    job->x + r0 * k, job->xsum + r0 * blocks, blocks, k, tile, up, 1);
+            for (int64_t t = 0; t < tile; t++)
+                job->h[(r0 + t) * inter + col] = gate[t] / (1.0f + expf(-gate[t])) * up[t];
+        }
+    }
+}
+
+int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
+                 const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
+                 const uint8_t *down_q, const float *down_d, const float *down_m, int64_t n,
+                 float *y, int num_threads) {
+    if (k % BLOCK || intermediate % BLOCK) return 1;
+    if (rows <= 0 || n <= 0) return 0;
+    float *h = malloc(sizeof(float) * rows * intermediate);
+    float *xsum = block_sums(x, rows, k);
+    float *hsum = NULL;
+    int status = 2;
+    if (h && xsum) {
+        GateUpJob first = {x, xsum, gate_up_q, gate_up_d, gate_up_m, rows, k, intermediate, h};
+        run_parallel(gate_up_part, &first, num_threads);
+        hsum = block_sums(h, rows, intermediate);
+        if (hsum) {
+            GemmJob second = {h, down_d, down_m, hsum, down_q, rows, intermediate, n, y};
+            run_parallel(q4_part, &second, num_threads);
+            status = 0;
+        }
+    }
+    free(h);
+    free(xsum);
+    free(hsum);
+    return status;
 }

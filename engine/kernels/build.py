@@ -44,6 +44,8 @@ class NativeKernels:
         library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
                                     ctypes.c_int]
         library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
+        library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
+                                         pointer, pointer, pointer, size, pointer, ctypes.c_int]
         self._spinning: bool | None = None
         library.paged_decode_attention.argtypes = [
             pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
@@ -99,6 +101,22 @@ class NativeKernels:
         if status:
             raise RuntimeError(f"paged_decode_attention failed ({status})")
         return out
+
+    def gated_mlp(self, x: torch.Tensor, gate_up, down) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) in one call; x [rows, K] fp32 contiguous;
+        `gate_up` ([2I, K], gate rows first) and `down` ([N, I]) are Q4_1 BlockLinears
+        without bias -> [rows, N]."""
+        rows, in_features = x.shape
+        out_features = down.codes.shape[0]
+        y = torch.empty(rows, out_features, dtype=torch.float32)
+        status = self._library.q4_gated_mlp(
+            x.data_ptr(), rows, in_features, gate_up.codes.data_ptr(), gate_up.scales.data_ptr(),
+            gate_up.minima.data_ptr(), gate_up.codes.shape[0] // 2, down.codes.data_ptr(),
+            down.scales.data_ptr(), down.minima.data_ptr(), out_features, y.data_ptr(),
+            self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_gated_mlp failed ({status}) for K={in_features}")
+        return y
 
     def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return self.gemm("Q4_1", x, q, d, m)

@@ -104,6 +104,29 @@ class BlockLinear(nn.Module):
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
+class FusedBlockMLP:
+    """A GatedMLP whose gate/up and down projections are both Q4_1 BlockLinears
+    without bias, with SiLU: steps of up to MAX_KERNEL_ROWS rows run the whole MLP
+    in one native call (one crossing into C instead of two, no torch ops between)."""
+
+    def __init__(self, gate_up: BlockLinear, down: BlockLinear, kernels) -> None:
+        self.gate_up, self.down, self.kernels = gate_up, down, kernels
+
+    @staticmethod
+    def applies(mlp: nn.Module) -> bool:
+        gate_up, down = mlp.gate_up_proj, mlp.down_proj
+        return (isinstance(gate_up, BlockLinear) and isinstance(down, BlockLinear)
+                and gate_up.kind == down.kind == "Q4_1" and gate_up.bias is None
+                and down.bias is None and mlp.act is F.silu)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The MLP's output, or None when the step is not one for the kernel."""
+        if x.dim() != 2 or x.shape[0] > MAX_KERNEL_ROWS or x.dtype != torch.float32 \
+                or x.device.type != "cpu":
+            return None
+        return self.kernels.gated_mlp(x.contiguous(), self.gate_up, self.down)
+
+
 def _read_gguf(path: Path) -> dict[str, Blocks]:
     import gguf
 
@@ -159,6 +182,9 @@ def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
             if chosen is not None:
                 setattr(parent, attr, BlockLinear(linear, linear.weight, concat(chosen), kernels))
                 installed += 1
+    for layer in model.layers:
+        if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
+            layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels)
     installed += _lm_head_blocks(model, tensors, kernels)
     return installed
 

@@ -53,8 +53,15 @@ class GatedMLP(nn.Module):
         if act not in ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {act!r}")
         self.act = ACTIVATIONS[act]
+        self.fused = None
+        """Optional callable x -> output or None (not for this step), set when the
+        projections can run as one native call (models/block_weights.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            out = self.fused(x)
+            if out is not None:
+                return out
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
 

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from engine import GenerationConfig, load_model
 from engine.kernels import build as kernel_build
 from engine.kernels import load_native_kernels
-from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, concat,
-                                         parse_blocks)
+from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, FusedBlockMLP,
+                                         concat, parse_blocks)
+from engine.models.layers import GatedMLP
 
 
 def random_gguf_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -78,6 +79,26 @@ def test_fused_blocks_keep_their_row_order(kernels):
     assert_within_rounding(layer(x), x @ fused.dequantize().T, x, fused.dequantize())
 
 
+@pytest.mark.parametrize("rows", [1, 5, MAX_KERNEL_ROWS, MAX_KERNEL_ROWS + 1])
+def test_fused_mlp_equals_the_two_projections(kernels, rows):
+    """down(silu(gate(x)) * up(x)) in one native call equals the module's own path."""
+    hidden, inter = 64, 96
+    mlp = GatedMLP(hidden, inter, "silu", bias=False)
+    gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))
+    down = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", hidden, inter, seed=2))
+    mlp.gate_up_proj = BlockLinear(None, gate_up.dequantize(), gate_up, kernels)
+    mlp.down_proj = BlockLinear(None, down.dequantize(), down, kernels)
+    assert FusedBlockMLP.applies(mlp)
+    x = torch.randn(rows, hidden)
+    unfused = mlp(x)
+    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels)
+    fused = mlp(x)
+    if rows > MAX_KERNEL_ROWS:                   # not a step for the kernel: same path
+        assert torch.equal(fused, unfused)
+    else:
+        torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
+
+
 def test_kernels_can_be_turned_off_or_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSERVE_NATIVE_KERNELS", "0")
     assert load_native_kernels(tmp_path) is None
@@ -97,6 +118,7 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     assert len(block_layers) == 4 * len(layers)          # qkv, o, gate_up, down everywhere
     assert {m.kind for m in block_layers} == {"Q4_1"}
     assert fast.module.block_lm_head.kind == "Q8_0"      # the tied embedding table
+    assert all(isinstance(layer.mlp.fused, FusedBlockMLP) for layer in layers)
     assert not any(isinstance(m, BlockLinear) for m in dense.module.modules())
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode(text) for text in (
