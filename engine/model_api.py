@@ -209,6 +209,7 @@ def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
     from .kernels import load_native_kernels
     from .loading import gguf_source
     from .models.block_weights import use_gguf_blocks
+    from .models.fast_decode import FastDecodeLayer
 
     source = gguf_source(spec, Path(cache_dir) if cache_dir else None)
     if source is None:
@@ -217,8 +218,13 @@ def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
     if kernels is None:
         return
     installed = use_gguf_blocks(module, source, config, kernels)
-    logger.info("decode steps read %d projections from %s's quantized blocks", installed,
-                source.name)
+    fast = 0
+    for layer in module.layers:
+        if hasattr(layer, "fast_decode") and FastDecodeLayer.applies(layer):
+            layer.fast_decode = FastDecodeLayer(layer, kernels)
+            fast += 1
+    logger.info("decode steps read %d projections from %s's quantized blocks (%d layers "
+                "on the fast decode path)", installed, source.name, fast)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

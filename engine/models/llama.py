@@ -86,8 +86,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
                             config.hidden_act, traits.mlp_bias)
+        self.fast_decode = None
+        """Optional callable with this forward's arguments (but the backend) that
+        returns the output or None (not for this step): see models/fast_decode.py."""
 
     def forward(self, hidden, cos, sin, kv_cache, meta, backend):
+        if self.fast_decode is not None:
+            out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
+            if out is not None:
+                return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin,
                                          kv_cache, meta, backend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))

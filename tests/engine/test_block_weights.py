@@ -1,6 +1,7 @@
 """Decode from GGUF weight blocks: the native kernel equals an fp32 matmul with the
 dequantized weights, the real default model's projections are all found in its GGUF
-file bit for bit, and its greedy answers equal the dense fp32 path's."""
+file bit for bit, and its greedy answers (through the fused MLP and the fast decode
+layers) equal the dense fp32 path's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from engine.kernels import build as kernel_build
 from engine.kernels import load_native_kernels
 from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, FusedBlockMLP,
                                          concat, parse_blocks)
+from engine.models.fast_decode import FastDecodeLayer
 from engine.models.layers import GatedMLP
 
 
@@ -119,6 +121,7 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     assert {m.kind for m in block_layers} == {"Q4_1"}
     assert fast.module.block_lm_head.kind == "Q8_0"      # the tied embedding table
     assert all(isinstance(layer.mlp.fused, FusedBlockMLP) for layer in layers)
+    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
     assert not any(isinstance(m, BlockLinear) for m in dense.module.modules())
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode(text) for text in (
