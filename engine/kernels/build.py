@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "paged_attention.c", "worker_pool.c")]
-HEADERS = [Path(__file__).with_name("worker_pool.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("worker_pool.h", "kernels.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}
 
@@ -44,6 +44,13 @@ class NativeKernels:
         library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
                                     ctypes.c_int]
         library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
+        library.q4_attention_block.argtypes = [
+            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, pointer,
+            pointer, pointer, pointer, pointer, pointer, pointer, size, size, size, size,
+            ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int]
+        library.q4_mlp_block.argtypes = [
+            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, size,
+            pointer, pointer, pointer, pointer, ctypes.c_int]
         library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
                                          pointer, pointer, pointer, size, pointer, ctypes.c_int]
         self._spinning: bool | None = None
@@ -116,6 +123,43 @@ class NativeKernels:
             self.num_threads)
         if status:
             raise RuntimeError(f"q4_gated_mlp failed ({status}) for K={in_features}")
+        return y
+
+    def attention_block(self, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tensor,
+                        sin: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
+                        values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                        heads: int, scale: float) -> torch.Tensor:
+        """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T
+        requests, writing their new K/V into the flat caches first (the attention half
+        of a Llama layer, paged_attention.c). x [T, hidden]; cos, sin [T, D]; the
+        projections are Q4_1 BlockLinears; the rest as in paged_decode_attention.
+        The caller guarantees fp32, CPU, contiguous tensors (FastDecodeLayer)."""
+        tokens, hidden = x.shape
+        kv_heads, dim = keys.shape[1], keys.shape[2]
+        y = torch.empty(tokens, hidden, dtype=torch.float32)
+        status = self._library.q4_attention_block(
+            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
+            qkv.codes.data_ptr(), qkv.scales.data_ptr(), qkv.minima.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), keys.data_ptr(),
+            values.data_ptr(), slots.data_ptr(), lengths.data_ptr(), slots.shape[1], heads,
+            kv_heads, dim, scale, o_proj.codes.data_ptr(), o_proj.scales.data_ptr(),
+            o_proj.minima.data_ptr(), y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_attention_block failed ({status})")
+        return y
+
+    def mlp_block(self, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
+        """x + down(silu(gate(h)) * up(h)), h = rms_norm(x): the MLP half of a Llama
+        layer in one call (block_gemm.c); same guarantees as attention_block."""
+        tokens, hidden = x.shape
+        y = torch.empty(tokens, hidden, dtype=torch.float32)
+        status = self._library.q4_mlp_block(
+            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
+            gate_up.codes.data_ptr(), gate_up.scales.data_ptr(), gate_up.minima.data_ptr(),
+            gate_up.codes.shape[0] // 2, down.codes.data_ptr(), down.scales.data_ptr(),
+            down.minima.data_ptr(), y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_mlp_block failed ({status})")
         return y
 
     def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -21,12 +21,14 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels.h"
 #include "worker_pool.h"
 
 typedef struct {
     const float *q, *keys, *values;
     const int64_t *slots, *lengths;
     int64_t batch, width, heads, kv_heads, dim;
+    int64_t q_stride;        /* floats from one request's queries to the next's */
     float scale;
     float *out;
     int64_t chunks;          /* context pieces per (request, KV head) pair */
@@ -59,7 +61,7 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t h, int64_t 
                          int64_t end, float *scores, float *result) {
     const int64_t group = job->heads / job->kv_heads, dim = job->dim, count = end - start;
     const int64_t *row = job->slots + b * job->width;
-    const float *q = job->q + (b * job->heads + h * group) * dim;       /* [G, D] */
+    const float *q = job->q + b * job->q_stride + h * group * dim;      /* [G, D] */
     for (int64_t l = 0; l < count; l++) {
         const float *key = job->keys + (row[start + l] * job->kv_heads + h) * dim;
         for (int64_t g = 0; g < group; g++)
@@ -132,10 +134,12 @@ static int64_t choose_chunks(int64_t pairs, int64_t longest, int parts) {
     return chunks > longest / 64 ? longest / 64 : chunks;
 }
 
-int paged_decode_attention(const float *q, const float *keys, const float *values,
-                           const int64_t *slots, const int64_t *lengths, int64_t batch,
-                           int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
-                           float scale, float *out, int num_threads) {
+/* Attention of `batch` requests whose queries start q_stride floats apart; out is
+ * [batch, heads, dim]. Returns 0, or an error code (see paged_decode_attention). */
+static int attention_run(const float *q, int64_t q_stride, const float *keys,
+                         const float *values, const int64_t *slots, const int64_t *lengths,
+                         int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
+                         int64_t dim, float scale, float *out, int num_threads) {
     if (batch <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return 1;
     int64_t longest = 0;
@@ -154,10 +158,85 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
         return 2;
     }
     AttentionJob job = {q, keys, values, slots, lengths, batch, width, heads, kv_heads, dim,
-                        scale, out, chunks, scratch, partials};
+                        q_stride, scale, out, chunks, scratch, partials};
     run_parallel(attention_part, &job, parts);
     merge(&job);
     free(scratch);
     free(partials);
     return 0;
+}
+
+int paged_decode_attention(const float *q, const float *keys, const float *values,
+                           const int64_t *slots, const int64_t *lengths, int64_t batch,
+                           int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
+                           float scale, float *out, int num_threads) {
+    return attention_run(q, heads * dim, keys, values, slots, lengths, batch, width, heads,
+                         kv_heads, dim, scale, out, num_threads);
+}
+
+/* ---- the attention half of a Llama decoder layer, for a decode step -------------- */
+
+void rms_norm_rows(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
+                   float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        float squares = 0.0f;
+        for (int64_t i = 0; i < n; i++) squares += row[i] * row[i];
+        const float inverse = 1.0f / sqrtf(squares / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[r * n + i] = row[i] * inverse * weight[i];
+    }
+}
+
+/* Rotate-half RoPE in place on `count` heads of `dim` floats:
+ * x[i] <- x[i] cos[i] - x[i + dim/2] sin[i], x[i + dim/2] <- x[i + dim/2] cos + x[i] sin. */
+static void rotate(float *heads_row, int64_t count, int64_t dim, const float *cos,
+                   const float *sin) {
+    const int64_t half = dim / 2;
+    for (int64_t h = 0; h < count; h++) {
+        float *x = heads_row + h * dim;
+        for (int64_t i = 0; i < half; i++) {
+            const float first = x[i], second = x[i + half];
+            x[i] = first * cos[i] - second * sin[i];
+            x[i + half] = second * cos[i + half] + first * sin[i + half];
+        }
+    }
+}
+
+/* y = x + o_proj(attention(rope(qkv_proj(rms_norm(x))))) for `tokens` decode requests,
+ * writing each token's new K/V to its cache slot first. x, y [tokens, hidden];
+ * cos, sin [tokens, dim]; the decode context as in paged_decode_attention. */
+int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const float *norm_weight,
+                       float eps, const uint8_t *qkv_q, const float *qkv_d, const float *qkv_m,
+                       const float *cos, const float *sin, const int64_t *slot_mapping,
+                       float *keys, float *values, const int64_t *slots,
+                       const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
+                       int64_t dim, float scale, const uint8_t *o_q, const float *o_d,
+                       const float *o_m, float *y, int num_threads) {
+    if (tokens <= 0) return 0;
+    const int64_t width_qkv = (heads + 2 * kv_heads) * dim, kv_size = kv_heads * dim;
+    float *h = malloc(sizeof(float) * tokens * hidden);
+    float *qkv = malloc(sizeof(float) * tokens * width_qkv);
+    float *context = malloc(sizeof(float) * tokens * heads * dim);
+    int status = 2;
+    if (h && qkv && context) {
+        rms_norm_rows(x, tokens, hidden, norm_weight, eps, h);
+        status = q4_gemm(h, tokens, hidden, qkv_q, qkv_d, qkv_m, width_qkv, qkv, num_threads);
+        for (int64_t t = 0; !status && t < tokens; t++) {
+            float *row = qkv + t * width_qkv;
+            rotate(row, heads + kv_heads, dim, cos + t * dim, sin + t * dim);
+            memcpy(keys + slot_mapping[t] * kv_size, row + heads * dim, sizeof(float) * kv_size);
+            memcpy(values + slot_mapping[t] * kv_size, row + heads * dim + kv_size,
+                   sizeof(float) * kv_size);
+        }
+        if (!status)
+            status = attention_run(qkv, width_qkv, keys, values, slots, lengths, tokens, width,
+                                   heads, kv_heads, dim, scale, context, num_threads);
+        if (!status)
+            status = q4_gemm(context, tokens, heads * dim, o_q, o_d, o_m, hidden, y, num_threads);
+        for (int64_t i = 0; !status && i < tokens * hidden; i++) y[i] += x[i];
+    }
+    free(h);
+    free(qkv);
+    free(context);
+    return status;
 }

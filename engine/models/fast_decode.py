@@ -5,26 +5,26 @@ wrappers checking their inputs, small torch ops between the kernels. For layers 
 projections all run on GGUF blocks (models/block_weights.py), a decode-only step of
 at most MAX_KERNEL_ROWS requests takes this path instead of the modules:
 
-    h = rms_norm(x)                         torch (one op)
-    q, k, v = split(qkv_kernel(h)); rotate q and k together
-    write k, v to their cache slots         torch index_copy_
+    h = rms_norm(x)
+    q, k, v = split(qkv_kernel(h)); rotate q and k
+    write k, v to their cache slots
     a = attention_kernel(q, paged cache)    reads the pages in place
     x = x + o_kernel(a)
-    x = x + gated_mlp_kernel(rms_norm(x))   one native call
+    x = x + gated_mlp_kernel(rms_norm(x))
 
-The arithmetic is the modules' (same kernels, same order); only the calls around it
-are fewer. Any other step (prefill rows, sliding layers, more rows, no kernels) returns
-None and the modules run.
+The whole layer is two native calls, `attention_block` (norm, qkv, RoPE, cache
+write, attention, o_proj, residual) and `mlp_block` (norm, gated MLP, residual), with
+the modules' arithmetic in the same order (the norm and RoPE written in C). Any other
+step (prefill rows, more rows, a partial RoPE, sliding layers) returns None and the
+modules run.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .block_weights import MAX_KERNEL_ROWS, BlockLinear, FusedBlockMLP
-from .layers import apply_rotary
 
 
 class FastDecodeLayer:
@@ -33,8 +33,6 @@ class FastDecodeLayer:
         self.attn, self.mlp, self.kernels = attn, layer.mlp, kernels
         self.layer_idx = attn.layer_idx
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        self.split = [attn.q_size + attn.kv_size, attn.kv_size]
-        self.heads = attn.num_heads + attn.num_kv_heads
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
@@ -52,29 +50,28 @@ class FastDecodeLayer:
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv_cache, meta) -> torch.Tensor | None:
         """The layer's output [T, hidden], or None when this step is not for it."""
-        num_tokens = hidden.shape[0]
-        if (meta.prefills or meta.decode_lengths is None or num_tokens > MAX_KERNEL_ROWS
-                or hidden.dtype != torch.float32 or hidden.device.type != "cpu"):
-            return None
-        attn, kernels = self.attn, self.kernels
+        attn = self.attn
         key_cache = kv_cache.key_caches[self.layer_idx]
         value_cache = kv_cache.value_caches[self.layer_idx]
-        if key_cache.dtype != torch.float32:
+        if not _decode_step_fits(hidden, cos, meta, attn.head_dim, key_cache, value_cache):
             return None
         first, second = self.norms
-        h = F.rms_norm(hidden, first.weight.shape, first.weight, first.eps)
-        qkv = kernels.gemm("Q4_1", h, attn.qkv_proj.codes, attn.qkv_proj.scales,
-                           attn.qkv_proj.minima)                       # [T, q + 2 kv]
-        qk, v = qkv.split(self.split, dim=-1)
-        qk = apply_rotary(qk.reshape(num_tokens, self.heads, attn.head_dim), cos, sin)
-        q, k = qk.split([attn.num_heads, attn.num_kv_heads], dim=1)   # [T, H, D], [T, KVH, D]
         flat_keys = key_cache.view(-1, attn.num_kv_heads, attn.head_dim)
         flat_values = value_cache.view(-1, attn.num_kv_heads, attn.head_dim)
-        flat_keys.index_copy_(0, meta.slot_mapping, k)
-        flat_values.index_copy_(0, meta.slot_mapping, v.view(num_tokens, attn.num_kv_heads, -1))
-        context = kernels.paged_decode_attention(q, flat_keys, flat_values, meta.decode_kv_slots,
-                                                 meta.decode_lengths, attn.scale)
-        hidden = hidden + kernels.gemm("Q4_1", context.view(num_tokens, attn.q_size),
-                                       attn.o_proj.codes, attn.o_proj.scales, attn.o_proj.minima)
-        h = F.rms_norm(hidden, second.weight.shape, second.weight, second.eps)
-        return hidden + kernels.gated_mlp(h, self.mlp.gate_up_proj, self.mlp.down_proj)
+        hidden = self.kernels.attention_block(
+            hidden, first, attn.qkv_proj, attn.o_proj, cos, sin, meta.slot_mapping, flat_keys,
+            flat_values, meta.decode_kv_slots, meta.decode_lengths, attn.num_heads, attn.scale)
+        return self.kernels.mlp_block(hidden, second, self.mlp.gate_up_proj, self.mlp.down_proj)
+
+
+def _decode_step_fits(hidden, cos, meta, head_dim: int, key_cache, value_cache) -> bool:
+    """Everything the native calls read is a contiguous fp32 / int64 CPU tensor of
+    the shapes they assume, and the step is decode-only and small."""
+    if (meta.prefills or meta.decode_lengths is None or hidden.dim() != 2
+            or hidden.shape[0] > MAX_KERNEL_ROWS or cos.shape != (hidden.shape[0], head_dim)):
+        return False
+    floats = (hidden, cos, key_cache, value_cache)
+    longs = (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths)
+    return (all(t.dtype == torch.float32 for t in floats)
+            and all(t.dtype == torch.int64 for t in longs)
+            and all(t.device.type == "cpu" and t.is_contiguous() for t in floats + longs))

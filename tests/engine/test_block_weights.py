@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import GenerationConfig, load_model
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.kernels import build as kernel_build
 from engine.kernels import load_native_kernels
 from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, FusedBlockMLP,
@@ -127,6 +127,9 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     prompts = [tokenizer.encode(text) for text in (
         "The three primary colors are", "def add(a, b):", "Once upon a time")]
     config = GenerationConfig(max_new_tokens=32)
-    got = [o.generated_tokens for o in fast.generate_batch(prompts, config).values()]
-    want = [o.generated_tokens for o in dense.generate_batch(prompts, config).values()]
-    assert got == want
+    with_logprobs = ContinuousBatchingConfig(return_logprobs=True)
+    got = list(fast.generate_batch(prompts, config, with_logprobs).values())
+    want = list(dense.generate_batch(prompts, config, with_logprobs).values())
+    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
+    for fast_output, dense_output in zip(got, want):      # the same numbers, to rounding
+        assert fast_output.logprobs == pytest.approx(dense_output.logprobs, abs=2e-4)

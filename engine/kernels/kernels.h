@@ -1,0 +1,15 @@
+/* Functions one kernel file uses from another (all built into one library). */
+#ifndef KVSERVE_KERNELS_H
+#define KVSERVE_KERNELS_H
+
+#include <stdint.h>
+
+/* block_gemm.c: y[rows, n] = x[rows, k] @ W^T for W in Q4_1 blocks. */
+int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
+            const float *m, int64_t n, float *y, int num_threads);
+
+/* paged_attention.c: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row. */
+void rms_norm_rows(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
+                   float *out);
+
+#endif
