@@ -133,10 +133,11 @@ def test_requests_outliving_the_drain_get_an_error_and_done(short_drain_server):
     assert short_drain_server.process.wait(timeout=30) == 0
 
 
-# 8 blocks of 16 tokens: a ~75-token chat prompt takes 5 of them (only the first,
-# the system prompt, is shared between the requests), so one request runs at a time
-# and the others wait in the queue.
-FAULT_FLAGS = ["--page-size", "16", "--num-blocks", "8", "--enable-fault-injection", "true"]
+# 16 blocks of 16 tokens: a ~75-token chat prompt takes 5 of them (only the first,
+# the system prompt, is shared between the requests), so at most three requests run
+# and the others wait in the queue; each asks for 150 tokens, so none can finish
+# before the fault is armed (decode runs at ~10 ms per token).
+FAULT_FLAGS = ["--page-size", "16", "--num-blocks", "16", "--enable-fault-injection", "true"]
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_engine_death_fails_every_request_and_turns_health_red(fault_server):
     def body(i: int) -> dict:
         story = f"Story {i}: " + "once upon a time in a land far away " * 4
         return {"model": MODEL, "messages": [{"role": "user", "content": story}],
-                "max_tokens": 48, "ignore_eos": True}
+                "max_tokens": 150, "ignore_eos": True}
 
     async def scenario():
         first = asyncio.Event()
