@@ -224,6 +224,11 @@ class ContinuousBatchingManager:
         return switch_to_cb_friendly_attn((model or self.model).module, auto_switch_to_flash)
 
     @property
+    def error(self) -> BaseException | None:
+        """What crashed the engine thread, if anything did; cleared by start()."""
+        return self.loop.error
+
+    @property
     def is_driver(self) -> bool:
         """True unless this is a follower rank of a tensor-parallel run, where requests
         and results live on rank 0 only."""

@@ -141,7 +141,9 @@ class AsyncEngine:
         self.manager.destroy()
 
     def is_running(self) -> bool:
-        return self.manager.is_running()
+        """The engine thread runs and has not crashed (a crashed thread may linger a
+        while, e.g. telling tensor-parallel followers to stop)."""
+        return self.manager.is_running() and self.manager.error is None
 
     def stats(self) -> dict[str, int]:
         return dict(self.manager.stats())
