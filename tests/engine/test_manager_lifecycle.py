@@ -29,7 +29,14 @@ def test_engine_crash_fails_held_requests_and_refuses_new_ones(tiny_llama):
     assert result.status is RequestStatus.FAILED and "injected fault" in result.error
     manager.join(timeout=10)
     assert not manager.is_running()
+    assert isinstance(manager.error, RuntimeError) and "injected fault" in str(manager.error)
     assert manager.add_request([6, 7]) is None   # refused, not silently queued
+    del manager.loop.runner.step                 # the real step again
+    manager.start()                              # a restart clears the error
+    assert manager.error is None
+    restarted = manager.add_request([6, 7], max_new_tokens=2)
+    assert list(manager.request_id_iter(restarted))[-1].status is RequestStatus.FINISHED
+    manager.stop()
     manager.destroy()
 
 
