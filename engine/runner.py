@@ -19,6 +19,8 @@ from .scheduler import ScheduledBatch
 
 SMALL_STEP_TOKENS = 8
 """Steps feeding at most this many tokens run on one CPU thread (see _set_threads_for)."""
+DEFAULT_THREADS = torch.get_num_threads()
+"""torch's thread count at start, before any runner lowered it for a small step."""
 
 
 class ModelRunner:
@@ -52,11 +54,13 @@ class ModelRunner:
                 head_dim=model.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
                 pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
-        self.max_threads = torch.get_num_threads()
+        self.max_threads = DEFAULT_THREADS
         self.small_step_tokens = SMALL_STEP_TOKENS
         if any(isinstance(m, BlockLinear) for m in model.layers.modules()):
             # steps on the block kernels leave the other cores to the kernel's helpers
             self.small_step_tokens = max(SMALL_STEP_TOKENS, MAX_KERNEL_ROWS)
+        self.native_kernels = (load_native_kernels() if self.device.type == "cpu"
+                               and self.kv_dtype == torch.float32 else None)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -68,9 +72,8 @@ class ModelRunner:
         wanted = 1 if num_tokens <= self.small_step_tokens else self.max_threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
-        kernels = load_native_kernels() if self.kv_dtype == torch.float32 else None
-        if kernels is not None:     # helpers spinning between calls would take torch's cores
-            kernels.set_spinning(wanted == 1)
+        if self.native_kernels is not None:   # spinning helpers would take torch's cores
+            self.native_kernels.set_spinning(wanted == 1)
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:

@@ -53,7 +53,9 @@ class FastDecodeLayer:
         attn = self.attn
         key_cache = kv_cache.key_caches[self.layer_idx]
         value_cache = kv_cache.value_caches[self.layer_idx]
-        if not _decode_step_fits(hidden, cos, meta, attn.head_dim, key_cache, value_cache):
+        if not (_step_fits(meta, cos, sin, attn.head_dim) and hidden.dim() == 2
+                and hidden.shape[0] == cos.shape[0] and _is_cpu_fp32(hidden)
+                and key_cache.dtype == value_cache.dtype == torch.float32):
             return None
         first, second = self.norms
         flat_keys = key_cache.view(-1, attn.num_kv_heads, attn.head_dim)
@@ -64,14 +66,29 @@ class FastDecodeLayer:
         return self.kernels.mlp_block(hidden, second, self.mlp.gate_up_proj, self.mlp.down_proj)
 
 
-def _decode_step_fits(hidden, cos, meta, head_dim: int, key_cache, value_cache) -> bool:
-    """Everything the native calls read is a contiguous fp32 / int64 CPU tensor of
-    the shapes they assume, and the step is decode-only and small."""
-    if (meta.prefills or meta.decode_lengths is None or hidden.dim() != 2
-            or hidden.shape[0] > MAX_KERNEL_ROWS or cos.shape != (hidden.shape[0], head_dim)):
-        return False
-    floats = (hidden, cos, key_cache, value_cache)
+_last_step: tuple = (None, False)
+"""(metadata, verdict) of the last step checked: every layer of a step shares its
+metadata and rotary tables, so _step_fits checks them once per step, not per layer.
+Replaced as one tuple, so engines on other threads never read a mixed pair."""
+
+
+def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> bool:
+    """The step is decode-only and small, and the tensors the native calls read for
+    it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths)."""
+    global _last_step
+    last_meta, verdict = _last_step
+    if last_meta is meta:
+        return verdict
     longs = (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths)
-    return (all(t.dtype == torch.float32 for t in floats)
-            and all(t.dtype == torch.int64 for t in longs)
-            and all(t.device.type == "cpu" and t.is_contiguous() for t in floats + longs))
+    verdict = (not meta.prefills and meta.decode_lengths is not None
+               and cos.shape[0] <= MAX_KERNEL_ROWS
+               and cos.shape == sin.shape == (cos.shape[0], head_dim)
+               and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
+               and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
+                       for t in longs))
+    _last_step = (meta, verdict)
+    return verdict
