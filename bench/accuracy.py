@@ -14,6 +14,8 @@ import json
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 
+from .report import write_json
+
 TOPICS = ("the ocean", "a city at night", "learning to cook", "the history of maps",
           "why leaves change colour", "a robot that paints", "winter in the mountains",
           "how bridges stand", "a letter to a friend", "the moon landing",
@@ -66,9 +68,7 @@ def main(argv=None) -> dict:
               "mean_agreeing_prefix": round(sum(prefixes) / len(prefixes), 1),
               "agreeing_prefix_per_prompt": prefixes}
     print(json.dumps(report))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_json(args.json, report)
     return report
 
 

@@ -23,6 +23,7 @@ from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.loading import resolve_model_dir
 
 from .machine import measure
+from .report import write_json
 
 PEERS = ("transformers-cb", "transformers-static")
 
@@ -117,9 +118,7 @@ def main(argv=None) -> dict:
                 reference, prompts, args.output_len, args.static_batch)
     report = build_report(args, runs, limits)
     print_report(report)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_json(args.json, report)
     if args.plot:
         from .plots import bar_chart
         bar_chart({name: r["output_tokens_per_s"] for name, r in report["results"].items()},

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .report import write_json
+
 WORDS = ("river stone garden window market teacher music bright quiet winter summer "
          "engine harbor letter signal forest planet silver morning story").split()
 
@@ -153,9 +155,7 @@ def main(argv=None) -> dict:
     report = {"label": args.label, "base_url": args.base_url,
               "workload": {"input_len": args.input_len, "output_len": args.output_len,
                            "model": args.model}, "levels": levels}
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_json(args.json, report)
     if args.plot:
         from .plots import line_chart
         line_chart({args.label: {lv["concurrency"]: lv["output_tokens_per_s"] for lv in levels}},

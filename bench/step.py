@@ -12,7 +12,6 @@ time, to compare the native kernels with torch's ops side by side.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import threading
@@ -25,6 +24,8 @@ from engine.kv_cache.sizing import CacheSizing
 from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+
+from .report import write_json
 
 PAGE_SIZE = 16
 
@@ -85,9 +86,7 @@ def main(argv=None) -> dict:
             print(f"batch {batch:4d}  context {context:6d}  step {seconds * 1e3:8.2f} ms  "
                   f"{batch / seconds:8.1f} tok/s")
     report = {"model": args.model, "dtype": args.dtype, "native_kernels": native, "steps": rows}
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_json(args.json, report)
     return report
 
 
