@@ -60,8 +60,9 @@ class TorchPagedAttention:
 
     @staticmethod
     def _decode(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
-        """One query per request: batched matmuls over the gathered contexts, one pair
-        per KV head. The G query heads sharing a KV head (GQA) form the rows of one
+        """One query per request: the native kernel when there is one for this cache;
+        else one SDPA call for a few requests; else batched matmuls over the gathered
+        contexts, one pair per KV head. The G query heads sharing a KV head (GQA) form the rows of one
         matmul, so K/V are never repeated, and the strided per-head views of the
         gathered K/V go to the matmul without a copy. Computed in the cache's dtype
         (fp32 on CPU, where it gathers and multiplies faster than bf16)."""
@@ -78,8 +79,7 @@ class TorchPagedAttention:
         if batch <= FUSED_DECODE_MAX_BATCH:
             return TorchPagedAttention._decode_fused(query, flat_keys, flat_values, meta, scale)
         q = query[meta.decode_rows].to(dtype).view(batch, num_kv_heads, group, head_dim)
-        k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
-        v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        k, v = _gather_contexts(flat_keys, flat_values, slots)     # [B, L, KVH, D] each
         padding = ~meta.decode_mask.view(batch, 1, length)          # [B, 1, L]
         # head-major output: each bmm writes a contiguous [B, G, D] slab (a strided
         # `out` would send bmm down a slow per-batch path)
@@ -95,13 +95,8 @@ class TorchPagedAttention:
     def _decode_fused(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
         """Few decode requests: one SDPA call over the gathered contexts (per-op costs
         dominate here, and SDPA is one op where the per-head path is ~15)."""
-        slots = meta.decode_kv_slots                                # [B, L]
-        batch, length = slots.shape
-        num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
-        dtype = flat_keys.dtype
-        q = query[meta.decode_rows].to(dtype).unsqueeze(2)          # [B, H, 1, D]
-        k = flat_keys.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
-        v = flat_values.index_select(0, slots.view(-1)).view(batch, length, num_kv_heads, head_dim)
+        q = query[meta.decode_rows].to(flat_keys.dtype).unsqueeze(2)   # [B, H, 1, D]
+        k, v = _gather_contexts(flat_keys, flat_values, meta.decode_kv_slots)  # [B, L, KVH, D]
         out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=meta.decode_mask, scale=scale,
                                              enable_gqa=True)       # [B, H, 1, D]
@@ -125,3 +120,11 @@ class TorchPagedAttention:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale,
                                                  enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)                               # [n, H, D]
+
+
+def _gather_contexts(flat_keys: torch.Tensor, flat_values: torch.Tensor,
+                     slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values at `slots` [B, L] of the flat caches: [B, L, KVH, D] each."""
+    shape = (*slots.shape, flat_keys.shape[1], flat_keys.shape[2])
+    return (flat_keys.index_select(0, slots.view(-1)).view(shape),
+            flat_values.index_select(0, slots.view(-1)).view(shape))

@@ -162,12 +162,6 @@ class NativeKernels:
             raise RuntimeError(f"q4_mlp_block failed ({status})")
         return y
 
-    def q4(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return self.gemm("Q4_1", x, q, d, m)
-
-    def q8(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        return self.gemm("Q8_0", x, q, d, None)
-
 
 def default_num_threads() -> int:
     """Threads a kernel call may use: OMP_NUM_THREADS when set (torchrun sets 1 per

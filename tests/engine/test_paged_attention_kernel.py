@@ -78,3 +78,20 @@ def test_kernel_refuses_what_it_cannot_read(kernels):
     with pytest.raises(RuntimeError):         # a context longer than its slot row
         kernels.paged_decode_attention(query, keys, keys, torch.zeros(1, 4, dtype=torch.long),
                                        torch.tensor([5]), 1.0)
+
+
+@pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
+def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_prompts):
+    """Where no native kernel serves (no compiler, a GPU), decode attention falls back
+    to torch: both of its paths still give transformers' greedy tokens."""
+    from engine import GenerationConfig, load_model
+    from engine.attention import torch_backend
+    from tests.helpers import random_prompts, reference_greedy
+
+    monkeypatch.setattr(torch_backend, "_kernels", [None])
+    path, reference = tiny_models["qwen3"]
+    model = load_model(path, progress=False)
+    prompts = random_prompts(num_prompts, 5, 30, seed=num_prompts)
+    outputs = model.generate_batch(prompts, GenerationConfig(max_new_tokens=8, eos_token_id=[]))
+    assert [o.generated_tokens for o in outputs.values()] == [
+        reference_greedy(reference, p, 8) for p in prompts]
