@@ -18,6 +18,7 @@ import threading
 import time
 
 from engine import load_model
+from engine.cpu_threads import release_openmp_pool
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.sizing import CacheSizing
@@ -59,6 +60,7 @@ def time_steps(model, batch: int, context: int, repeats: int) -> float:
             times.append(time.perf_counter() - started)
 
     worker = threading.Thread(target=run)
+    release_openmp_pool()        # as the manager does before its engine thread starts
     worker.start()
     worker.join()
     runner.cache.release()

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from .config import ContinuousBatchingConfig
+from .cpu_threads import release_openmp_pool
 from .engine_loop import EngineLoop
 from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from .generation_config import GenerationConfig, SamplingParams, resolve_eos
@@ -167,6 +168,7 @@ class ContinuousBatchingManager:
         self.loop.reset_stop_flags()
         self._thread = threading.Thread(target=self.loop.run, name="kvserve-engine", daemon=True)
         self._accepting = True
+        release_openmp_pool()   # else this thread's OpenMP helpers slow the engine's ops
         self._thread.start()
 
     def stop(self, block: bool = True, timeout: float | None = None,

@@ -156,7 +156,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                block_kernels: bool = True) -> EngineModel:
     """Load a model for the engine; see engine.loading for the accepted specs.
 
-    `block_kernels`: for a GGUF model in float32 on CPU, decode steps multiply
+    `block_kernels`: for a GGUF model in float32 (or bf16-weights) on CPU, decode steps multiply
     straight from the file's Q4_1/Q8_0 blocks (the same weights in a fifth of the
     bytes, fp32 arithmetic; see models/block_weights.py); False keeps dense matmuls
     everywhere (bit-level parity with transformers' fp32 matmuls).
@@ -193,7 +193,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         module = _build_sharded(config, state, torch_dtype, device, tp_size, cpu_group_timeout)
     else:
         module = build_model(config, state, torch_dtype, device)
-    if block_kernels and tp_size == 1 and torch_dtype == torch.float32 and not mixed \
+    if block_kernels and tp_size == 1 and torch_dtype == torch.float32 \
             and device.type == "cpu" and not isinstance(spec, torch.nn.Module):
         _use_gguf_blocks(module, str(spec), cache_dir, config)
     if mixed:

@@ -11,7 +11,7 @@ from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
-from .models.block_weights import MAX_KERNEL_ROWS, BlockLinear
+from .models.block_weights import BlockLinear
 from .requests import RequestState
 from .sampling import SampleResult, Sampler
 from .scheduler import ScheduledBatch
@@ -56,9 +56,10 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed)
         self.max_threads = DEFAULT_THREADS
         self.small_step_tokens = SMALL_STEP_TOKENS
-        if any(isinstance(m, BlockLinear) for m in model.layers.modules()):
+        kernel_rows = [m.max_rows for m in model.layers.modules() if isinstance(m, BlockLinear)]
+        if kernel_rows:
             # steps on the block kernels leave the other cores to the kernel's helpers
-            self.small_step_tokens = max(SMALL_STEP_TOKENS, MAX_KERNEL_ROWS)
+            self.small_step_tokens = max(SMALL_STEP_TOKENS, *kernel_rows)
         self.native_kernels = (load_native_kernels() if self.device.type == "cpu"
                                and self.kv_dtype == torch.float32 else None)
 
@@ -72,8 +73,8 @@ class ModelRunner:
         wanted = 1 if num_tokens <= self.small_step_tokens else self.max_threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
-        if self.native_kernels is not None:   # spinning helpers would take torch's cores
-            self.native_kernels.set_spinning(wanted == 1)
+        if self.native_kernels is not None:   # its helpers would take torch's cores
+            self.native_kernels.set_torch_threaded(wanted > 1)
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:

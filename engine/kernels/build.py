@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..cpu_threads import openmp_entry_points
+
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
@@ -53,13 +55,19 @@ class NativeKernels:
             pointer, pointer, pointer, pointer, ctypes.c_int]
         library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
                                          pointer, pointer, pointer, size, pointer, ctypes.c_int]
-        self._spinning: bool | None = None
+        self._torch_threaded: bool | None = None
         library.paged_decode_attention.argtypes = [
             pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
             ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
-        self.num_threads = num_threads
+        self.max_threads = self.num_threads = num_threads
+        library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
+        library.use_openmp_helpers.argtypes = [ctypes.c_int]
+        library.use_openmp_helpers.restype = ctypes.c_int
+        entry_points = openmp_entry_points()
+        if entry_points is not None:
+            library.set_openmp_runtime(*entry_points)
 
     def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
              minima: torch.Tensor | None) -> torch.Tensor:
@@ -80,11 +88,19 @@ class NativeKernels:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
 
-    def set_spinning(self, spinning: bool) -> None:
-        """Whether idle helper threads spin (2 ms) or sleep at once; see worker_pool.h."""
-        if spinning != self._spinning:
-            self._library.set_helper_spin_ns(2_000_000 if spinning else 0)
-            self._spinning = spinning
+    def set_torch_threaded(self, torch_threaded: bool) -> None:
+        """Whether torch runs its own threads between our calls (large steps). Its
+        idle OpenMP helpers spin on the other cores then: our calls run on those
+        same helpers (torch's libgomp), and our own pool's helpers sleep at once.
+        In single-threaded steps our helpers serve and spin 2 ms between calls (see
+        worker_pool.h). Measured: one 32 x 9-head x 100-token paged attention call
+        after a two-thread torch matmul took 1.6 ms on the calling thread alone
+        (torch's spinning helper slows it) against 0.49 ms after nothing."""
+        if torch_threaded != self._torch_threaded:
+            self._library.set_helper_spin_ns(0 if torch_threaded else 2_000_000)
+            openmp = self._library.use_openmp_helpers(int(torch_threaded))
+            self.num_threads = self.max_threads if openmp or not torch_threaded else 1
+            self._torch_threaded = torch_threaded
 
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,

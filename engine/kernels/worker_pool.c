@@ -94,7 +94,45 @@ static int grow_pool(int wanted) {      /* called with `caller` held */
     return pool.num_helpers;
 }
 
+/* The OpenMP runtime torch already loaded, handed over by set_openmp_runtime: in
+ * steps where torch runs its own threads, its helpers spin between torch's ops, so
+ * running our parts on them (GOMP_parallel is what `#pragma omp parallel` compiles
+ * to) costs nothing to wake, while our own helpers would fight them for the cores. */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_query_fn)(void);
+static struct {
+    gomp_parallel_fn parallel;
+    omp_query_fn thread_num, num_threads;
+    atomic_int active;
+} openmp;
+
+void set_openmp_runtime(void *parallel, void *thread_num, void *num_threads) {
+    openmp.parallel = (gomp_parallel_fn)parallel;
+    openmp.thread_num = (omp_query_fn)thread_num;
+    openmp.num_threads = (omp_query_fn)num_threads;
+}
+
+int use_openmp_helpers(int on) {
+    int usable = on && openmp.parallel && openmp.thread_num && openmp.num_threads;
+    atomic_store(&openmp.active, usable);
+    return usable;
+}
+
+struct openmp_job { part_fn fn; const void *job; int parts; };
+
+static void openmp_body(void *arg) {         /* runs on every thread of the team */
+    const struct openmp_job *run = arg;
+    const int team = openmp.num_threads();
+    for (int part = openmp.thread_num(); part < run->parts; part += team)
+        run->fn(run->job, part, run->parts);
+}
+
 void run_parallel(part_fn fn, const void *job, int parts) {
+    if (parts > 1 && atomic_load_explicit(&openmp.active, memory_order_relaxed)) {
+        struct openmp_job run = {fn, job, parts};
+        openmp.parallel(openmp_body, &run, (unsigned)parts, 0);
+        return;
+    }
     if (parts <= 1 || pthread_mutex_trylock(&pool.caller) != 0) {
         for (int part = 0; part < parts; part++) fn(job, part, parts);
         return;

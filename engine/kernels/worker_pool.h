@@ -23,4 +23,11 @@ void run_parallel(part_fn fn, const void *job, int parts);
  * helpers would take their cores, so the engine sets 0 for those steps. */
 void set_helper_spin_ns(long long nanoseconds);
 
+/* Hand over the OpenMP runtime torch loaded (addresses of GOMP_parallel,
+ * omp_get_thread_num, omp_get_num_threads); use_openmp_helpers(1) then runs parts
+ * on the calling thread's OpenMP team instead of these helpers, (0) goes back.
+ * Returns whether OpenMP is now in use. */
+void set_openmp_runtime(void *parallel, void *thread_num, void *num_threads);
+int use_openmp_helpers(int on);
+
 #endif

@@ -32,6 +32,10 @@ MAX_KERNEL_ROWS = 32
 weights' bytes dominate); past it arithmetic dominates and torch's matmul wins.
 Measured with `bench.step` on SmolLM2-135M, 2 cores, whole decode steps: kernels vs
 dense at 24 rows 107 vs 127 ms, 32 rows 137 vs 147 ms, 48 rows 192 vs 175 ms."""
+BF16_KERNEL_ROWS = 16
+"""The same crossover when the dense weights are bf16 (dtype bf16-weights), whose
+matmuls run ~2.5x faster: `bench.step` kernels vs bf16 dense at 8 rows 34 vs 60 ms,
+16 rows 69 vs 61 ms, 32 rows 130 vs 92 ms."""
 _BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
 
 
@@ -77,7 +81,7 @@ def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
 
 class BlockLinear(nn.Module):
     """An nn.Linear that also holds its weight as blocks: steps of at most
-    MAX_KERNEL_ROWS fp32 rows use the block kernel, others the dense weight."""
+    `max_rows` fp32 rows use the block kernel, others the dense weight."""
 
     def __init__(self, linear: nn.Linear | None, weight: torch.Tensor, blocks: Blocks,
                  kernels) -> None:
@@ -91,12 +95,14 @@ class BlockLinear(nn.Module):
         self.register_buffer("minima", None if blocks.minima is None
                              else blocks.minima.contiguous(), persistent=False)
         self.kernels = kernels
+        self.max_rows = MAX_KERNEL_ROWS
+        """Steps of more rows use the dense weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_features = x.shape[-1]
         rows = x.shape[0] if x.dim() == 2 else x.numel() // in_features
-        if rows > MAX_KERNEL_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
+        if rows > self.max_rows or x.dtype != torch.float32 or x.device.type != "cpu":
+            return self._dense(x)
         flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(rows, in_features).contiguous()
         y = self.kernels.gemm(self.kind, flat, self.codes, self.scales, self.minima)
         if self.bias is not None:
@@ -104,9 +110,23 @@ class BlockLinear(nn.Module):
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
+    def use_bf16_dense(self) -> None:
+        """Steps too large for the block kernel multiply a bf16 copy of the weight
+        (input rounded to bf16, fp32 accumulation and output): ~2.5x fp32's rate at
+        64+ rows on AVX-512 BF16, at bf16's rounding. Small steps stay exact."""
+        self.weight = nn.Parameter(self.weight.detach().to(torch.bfloat16), requires_grad=False)
+        self.max_rows = BF16_KERNEL_ROWS
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == x.dtype:
+            return F.linear(x, self.weight, self.bias)
+        y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
 class FusedBlockMLP:
     """A GatedMLP whose gate/up and down projections are both Q4_1 BlockLinears
-    without bias, with SiLU: steps of up to MAX_KERNEL_ROWS rows run the whole MLP
+    without bias, with SiLU: steps of up to `max_rows` rows run the whole MLP
     in one native call (one crossing into C instead of two, no torch ops between)."""
 
     def __init__(self, gate_up: BlockLinear, down: BlockLinear, kernels) -> None:
@@ -121,7 +141,7 @@ class FusedBlockMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output, or None when the step is not one for the kernel."""
-        if x.dim() != 2 or x.shape[0] > MAX_KERNEL_ROWS or x.dtype != torch.float32 \
+        if x.dim() != 2 or x.shape[0] > self.gate_up.max_rows or x.dtype != torch.float32 \
                 or x.device.type != "cpu":
             return None
         return self.kernels.gated_mlp(x.contiguous(), self.gate_up, self.down)

@@ -54,7 +54,8 @@ class FastDecodeLayer:
         key_cache = kv_cache.key_caches[self.layer_idx]
         value_cache = kv_cache.value_caches[self.layer_idx]
         if not (_step_fits(meta, cos, sin, attn.head_dim) and hidden.dim() == 2
-                and hidden.shape[0] == cos.shape[0] and _is_cpu_fp32(hidden)
+                and hidden.shape[0] == cos.shape[0] <= attn.qkv_proj.max_rows
+                and _is_cpu_fp32(hidden)
                 and key_cache.dtype == value_cache.dtype == torch.float32):
             return None
         first, second = self.norms

@@ -1,13 +1,18 @@
 """Reduced-precision weights for CPU serving.
 
-`bf16-weights`: bf16 weights in the decoder layers' matmuls, fp32 everywhere else
-(embeddings, the residual stream, norms, attention, the LM head).
+`bf16-weights`: bf16 weights in the compute-bound matmuls, fp32 everywhere else
+(embeddings, the residual stream, norms, attention, sampling).
 
-Each projection casts its fp32 input to bf16, multiplies against bf16 weights (bf16
-matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs and read half the bytes) and
-returns fp32. Keeping the residual stream and the LM head in fp32 keeps most of the
-accuracy that full bf16 loses (measured with `python -m bench.accuracy`, see
-docs/benchmarks.md). Selected with `load_model(..., dtype="bf16-weights")`.
+Each decoder projection casts its fp32 input to bf16, multiplies against bf16 weights
+(bf16 matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs) and returns fp32. On
+a GGUF model with block kernels, steps small enough for them (decode of up to
+BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
+weights, not by arithmetic, so bf16 would not speed them up. The LM head computes
+bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32, so greedy
+picks and the likely tokens' logprobs are fp32's. Keeping the residual stream in fp32
+keeps most of the accuracy that full bf16 loses (measured with `python -m
+bench.accuracy`, see docs/benchmarks.md). Selected with `load_model(...,
+dtype="bf16-weights")`.
 
 `int8-weights`: a bf16 model whose projections and LM head keep int8 weights with one
 scale per output channel (symmetric, absmax / 127), multiplied by
@@ -41,14 +46,52 @@ class Bf16WeightLinear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
 
 
+RESCORED_CANDIDATES = 16
+"""bf16 logits are off by ~0.05 for this model class, far less than the gap between
+a row's 1st and 16th logit, so fp32's argmax is among bf16's top 16."""
+
+
+class Bf16RescoredHead(nn.Module):
+    """LM head: bf16 logits for the whole vocabulary, then each row's top candidates
+    recomputed exactly from the fp32 weight. Rows up to its `max_rows` use
+    `exact_head` (a block-kernel head) when there is one."""
+
+    def __init__(self, weight: torch.Tensor, exact_head: nn.Module | None) -> None:
+        super().__init__()
+        self.weight = weight                                   # [vocab, hidden] fp32, shared
+        self.register_buffer("weight_bf16", weight.detach().to(torch.bfloat16),
+                             persistent=False)
+        self.exact_head = exact_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] fp32 -> logits [N, vocab] fp32."""
+        if self.exact_head is not None and hidden.shape[0] <= self.exact_head.max_rows:
+            return self.exact_head(hidden)
+        approx = F.linear(hidden.to(torch.bfloat16), self.weight_bf16)       # [N, V] bf16
+        candidates = approx.topk(RESCORED_CANDIDATES, dim=-1).indices         # [N, K]
+        rows = self.weight[candidates]                                        # [N, K, H]
+        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)     # [N, K]
+        return approx.float().scatter_(1, candidates, exact)
+
+
 def use_bf16_weights(model: nn.Module) -> nn.Module:
-    """Swap every nn.Linear inside the decoder layers for a Bf16WeightLinear, in place.
-    The embedding table (and a tied LM head) stays fp32."""
+    """In place: every nn.Linear inside the decoder layers becomes a Bf16WeightLinear,
+    every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
+    and the LM head is a Bf16RescoredHead. The embedding table stays fp32."""
+    from .block_weights import BF16_KERNEL_ROWS, BlockLinear
+
     for layer in model.layers:
         for parent in layer.modules():
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, Bf16WeightLinear(child))
+                elif isinstance(child, BlockLinear):
+                    child.use_bf16_dense()
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    exact_head = getattr(model, "block_lm_head", None)
+    if exact_head is not None:
+        exact_head.max_rows = BF16_KERNEL_ROWS
+    model.bf16_lm_head = Bf16RescoredHead(head, exact_head)
     return model
 
 

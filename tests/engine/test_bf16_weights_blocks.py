@@ -1,0 +1,125 @@
+"""dtype bf16-weights on a GGUF model: small steps keep the exact fp32 block kernels,
+large ones multiply bf16 weights; the LM head's likely tokens are recomputed in fp32;
+and the native kernels give the same numbers whether their parts run on their own
+helpers or on torch's OpenMP threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.cpu_threads import openmp_entry_points, release_openmp_pool
+from engine.kernels import load_native_kernels
+from engine.models.block_weights import BF16_KERNEL_ROWS, BlockLinear, parse_blocks
+from engine.models.fast_decode import FastDecodeLayer
+from engine.models.mixed_precision import RESCORED_CANDIDATES, Bf16RescoredHead
+
+from .test_block_weights import random_gguf_bytes
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = load_native_kernels()
+    assert built is not None, "a C compiler is part of this project's CI machine"
+    return built
+
+
+@pytest.mark.parametrize("rows", [1, BF16_KERNEL_ROWS, BF16_KERNEL_ROWS + 1, 40])
+def test_bf16_dense_block_linear_is_exact_on_small_steps_only(kernels, rows):
+    blocks = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 96, 576, seed=rows))
+    weight = blocks.dequantize()
+    exact = BlockLinear(None, weight, blocks, kernels)
+    mixed = BlockLinear(None, weight, blocks, kernels)
+    mixed.use_bf16_dense()
+    x = torch.randn(rows, 576)
+    got = mixed(x)
+    assert got.dtype == torch.float32
+    if rows <= BF16_KERNEL_ROWS:          # the block kernel, as in float32 mode
+        assert torch.equal(got, exact(x))
+    else:                                 # bf16 inputs and weights, fp32 out
+        assert torch.equal(got, F.linear(x.bfloat16(), weight.bfloat16()).float())
+        assert not torch.equal(got, F.linear(x, weight))
+
+
+def test_rescored_head_gives_fp32_logits_for_the_likely_tokens():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 64, generator=generator)
+    hidden = torch.randn(40, 64, generator=generator)
+    head = Bf16RescoredHead(weight, None)
+    got, want = head(hidden), hidden @ weight.T
+    top = want.topk(RESCORED_CANDIDATES // 2, dim=-1).indices
+    torch.testing.assert_close(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    rest = torch.ones_like(got, dtype=torch.bool).scatter_(1, want.topk(64, dim=-1).indices, False)
+    assert not torch.allclose(got[rest], want[rest], rtol=1e-5, atol=1e-5)   # bf16 elsewhere
+    assert (got - want).abs().max() < 0.5
+
+
+def test_rescored_head_hands_small_steps_to_the_exact_head(kernels):
+    blocks = parse_blocks("Q8_0", random_gguf_bytes("Q8_0", 200, 64, seed=3))
+    weight = blocks.dequantize()
+    exact = BlockLinear(None, weight, blocks, kernels)
+    exact.max_rows = BF16_KERNEL_ROWS
+    head = Bf16RescoredHead(weight, exact)
+    small = torch.randn(BF16_KERNEL_ROWS, 64)
+    assert torch.equal(head(small), exact(small))
+    large = torch.randn(BF16_KERNEL_ROWS + 1, 64)
+    assert not torch.equal(head(large), exact(large))
+
+
+def test_kernels_on_torchs_openmp_threads_give_the_same_numbers(kernels):
+    assert openmp_entry_points() is not None, "torch's PyPI wheels bring libgomp"
+    assert release_openmp_pool()
+    blocks = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 192, 576, seed=5))
+    x = torch.randn(8, 576)
+    generator = torch.Generator().manual_seed(1)
+    keys, values = (torch.randn(512, 3, 64, generator=generator) for _ in range(2))
+    query = torch.randn(6, 9, 64, generator=generator)
+    slots = torch.randperm(512, generator=generator)[:6 * 80].view(6, 80)
+    lengths = torch.tensor([80, 3, 41, 80, 1, 17])
+
+    def run():
+        return (kernels.gemm("Q4_1", x, blocks.codes, blocks.scales, blocks.minima),
+                kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.125))
+
+    try:
+        kernels.set_torch_threaded(False)
+        own_pool = run()
+        kernels.set_torch_threaded(True)
+        assert kernels.num_threads == kernels.max_threads     # OpenMP took the parts
+        on_openmp = run()
+    finally:
+        kernels.set_torch_threaded(False)
+    assert torch.equal(own_pool[0], on_openmp[0]) and torch.equal(own_pool[1], on_openmp[1])
+    torch.testing.assert_close(own_pool[0], x @ blocks.dequantize().T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_default_model_in_bf16_weights_keeps_small_steps_exact():
+    mixed = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
+    exact = load_model("smollm2-135m-instruct", progress=False)
+    layers = list(mixed.module.layers)
+    projections = [m for layer in layers for m in layer.modules() if isinstance(m, BlockLinear)]
+    assert len(projections) == 4 * len(layers)
+    assert all(p.weight.dtype == torch.bfloat16 and p.max_rows == BF16_KERNEL_ROWS
+               for p in projections)
+    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
+    assert isinstance(mixed.module.bf16_lm_head, Bf16RescoredHead)
+    tokenizer = exact.tokenizer
+    prompts = [tokenizer.encode(text) for text in ("The three primary colors are",
+                                                  "def add(a, b):")]
+    config = GenerationConfig(max_new_tokens=24)
+    # every step (prefill chunks included) within BF16_KERNEL_ROWS: all on the blocks
+    small_steps = ContinuousBatchingConfig(return_logprobs=True, max_batch_tokens=BF16_KERNEL_ROWS)
+    got = list(mixed.generate_batch(prompts, config, small_steps).values())
+    want = list(exact.generate_batch(prompts, config, small_steps).values())
+    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
+    for mixed_output, exact_output in zip(got, want):
+        assert mixed_output.logprobs == pytest.approx(exact_output.logprobs, abs=1e-5)
+    # one large prefill step: the prompt's last-row logits are bf16 except the top ones
+    long_prompt = tokenizer.encode("Write a short story about a lighthouse keeper. " * 4)
+    rescored, reference = mixed.prompt_logits(long_prompt)[-1], exact.prompt_logits(long_prompt)[-1]
+    assert rescored.argmax() == reference.argmax()
+    assert (rescored - reference).abs().max() < 0.5
