@@ -220,6 +220,7 @@ class ContinuousBatchingManager:
     def warmup(self) -> None:
         """Run a dummy batch through the model (there are no graphs to capture on CPU)."""
         self.loop.warmup()
+        release_openmp_pool()   # the dummy batch ran on this thread (see cpu_threads.py)
 
     def switch_to_cb_friendly_attn(self, model=None, auto_switch_to_flash: bool = True) -> str:
         from .attention.backend import switch_to_cb_friendly_attn
