@@ -54,6 +54,56 @@ static void add_scaled(float alpha, const float *x, float *y, int64_t n) {   /* 
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+#ifdef __AVX512F__
+/* exp on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite),
+ * e^r from Cephes' degree-6 expf polynomial, times 2^n by scalef (which also
+ * underflows to 0 as exp does). Within ~2 ulp of expf for the x <= 0 used here. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));            /* e^-104 is 0 in fp32 */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* s[0..count) <- exp(s - max s); returns the max in *top and the sum of the exps. */
+static float softmax_numerators(float *s, int64_t count, float *top) {
+    float peak = -INFINITY, total = 0.0f;
+    int64_t l = 0;
+#ifdef __AVX512F__
+    __m512 peaks = _mm512_set1_ps(-INFINITY);
+    for (; l + 16 <= count; l += 16) peaks = _mm512_max_ps(peaks, _mm512_loadu_ps(s + l));
+    peak = _mm512_reduce_max_ps(peaks);
+#endif
+    for (; l < count; l++) peak = s[l] > peak ? s[l] : peak;
+    l = 0;
+#ifdef __AVX512F__
+    const __m512 shift = _mm512_set1_ps(peak);
+    __m512 sums = _mm512_setzero_ps();
+    for (; l + 16 <= count; l += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + l), shift));
+        _mm512_storeu_ps(s + l, e);
+        sums = _mm512_add_ps(sums, e);
+    }
+    total = _mm512_reduce_add_ps(sums);
+#endif
+    for (; l < count; l++) {
+        s[l] = expf(s[l] - peak);
+        total += s[l];
+    }
+    *top = peak;
+    return total;
+}
+
 /* Context positions [start, end) of request b, all heads at once: each slot's keys
  * (and later values) of every KV head are one contiguous record of KVH * D floats,
  * read front to back, so the hardware prefetcher streams a request's pages instead
@@ -73,12 +123,8 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
             scores[hq * count + l] = dot(q + hq * dim, keys + (hq / group) * dim, dim) * job->scale;
     }
     for (int64_t hq = 0; hq < heads; hq++) {
-        float *s = scores + hq * count, top = -INFINITY, total = 0.0f;
-        for (int64_t l = 0; l < count; l++) top = s[l] > top ? s[l] : top;
-        for (int64_t l = 0; l < count; l++) {
-            s[l] = expf(s[l] - top);
-            total += s[l];
-        }
+        float top;
+        const float total = softmax_numerators(scores + hq * count, count, &top);
         result[hq * (dim + 2)] = top;
         result[hq * (dim + 2) + 1] = total;
         memset(result + hq * (dim + 2) + 2, 0, sizeof(float) * dim);
