@@ -4,7 +4,8 @@ llama-server, `transformers serve`), in the spirit of `vllm bench serve`.
     python -m bench.serve --base-url http://127.0.0.1:8000 --concurrency 1,8,32,64 \\
         --input-len 64 --output-len 128 --json bench-serve.json --plot bench-serve.png
 
-For each concurrency level it keeps that many streaming chat completions in flight
+For each concurrency level it keeps that many streaming chat completions (or, with
+`--endpoint completions`, text completions) in flight
 until `--num-requests` have finished, then reports output tokens/s, requests/s, and
 p50/p90/p99 of time to first token (TTFT), inter-token latency (ITL) and end-to-end
 latency, plus errors. Requests ask for exactly `--output-len` tokens (`ignore_eos`, a
@@ -60,7 +61,8 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                 choices = chunk.get("choices") or []
-                if choices and (choices[0].get("delta") or {}).get("content"):
+                if choices and ((choices[0].get("delta") or {}).get("content")
+                                or choices[0].get("text")):
                     arrivals.append(time.perf_counter())
     except (httpx.HTTPError, json.JSONDecodeError) as error:
         return RequestResult(False, error=type(error).__name__)
@@ -73,7 +75,8 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
 
 
 async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
-    url = f"{args.base_url.rstrip('/')}/v1/chat/completions"
+    chat = args.endpoint == "chat"
+    url = f"{args.base_url.rstrip('/')}/v1/{'chat/completions' if chat else 'completions'}"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -82,8 +85,11 @@ async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
         async def limited(prompt: str) -> RequestResult:
             body = {"model": args.model, "stream": True, "max_tokens": args.output_len,
                     "temperature": 0, "ignore_eos": True,
-                    "stream_options": {"include_usage": True},
-                    "messages": [{"role": "user", "content": prompt}]}
+                    "stream_options": {"include_usage": True}}
+            if chat:
+                body["messages"] = [{"role": "user", "content": prompt}]
+            else:
+                body["prompt"] = prompt
             async with semaphore:
                 return await one_request(http, url, body)
 
@@ -133,6 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                        help="chat: the prompt inside the model's chat template; "
+                             "completions: the raw prompt (TTFT without the template's tokens)")
     parser.add_argument("--label", default="server", help="name of the system in the report")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
@@ -153,8 +162,9 @@ def main(argv=None) -> dict:
               f"ITL p50 {level['itl_ms']['p50']} ms  e2e p50 {level['e2e_ms']['p50']} ms  "
               f"errors {level['errors']}")
     report = {"label": args.label, "base_url": args.base_url,
-              "workload": {"input_len": args.input_len, "output_len": args.output_len,
-                           "model": args.model}, "levels": levels}
+              "workload": {"endpoint": args.endpoint, "input_len": args.input_len,
+                           "output_len": args.output_len, "model": args.model},
+              "levels": levels}
     write_json(args.json, report)
     if args.plot:
         from .plots import line_chart

@@ -16,3 +16,13 @@ def test_bench_serve_against_the_real_server(server, tmp_path):
         assert level["output_tokens"] == 3 * 6            # ignore_eos: exactly max_tokens
         assert level["ttft_ms"]["p50"] > 0 and level["itl_ms"]["p50"] > 0
         assert level["output_tokens_per_s"] > 0
+
+
+def test_bench_serve_on_text_completions(server):
+    report = main(["--base-url", server.base_url, "--api-key", server.api_key,
+                   "--endpoint", "completions", "--concurrency", "2", "--num-requests", "2",
+                   "--input-len", "8", "--output-len", "5"])
+    assert report["workload"]["endpoint"] == "completions"
+    level = report["levels"][0]
+    assert level["errors"] == 0 and level["output_tokens"] == 2 * 5
+    assert level["ttft_ms"]["p50"] > 0 and level["itl_ms"]["p50"] > 0
