@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(or set KVSERVE_API_KEY=key1,key2)")
     add("--open-paths", nargs="*", metavar="PATH",
         help="routes reachable without a key (default /health /ready /metrics)")
-    add("--dtype", help="auto, float32, bfloat16, float16, bf16-weights (bf16 matmul "
-                        "weights, fp32 activations: faster on CPU, closer to fp32 than bfloat16) "
+    add("--dtype", help="auto, float32, bfloat16, float16, bf16-weights (bf16 weights in "
+                        "the compute-bound matmuls, fp32 activations and small decode steps: "
+                        "the fast CPU mode, closer to fp32 than bfloat16) "
                         "or int8-weights (int8 weights, bf16 activations: lowest latency for "
                         "a few streams, least accurate)")
     add("--device", help="auto, cpu, cuda or cuda:N")
