@@ -12,9 +12,10 @@ took 231 us instead of 21, an elementwise multiply 53 us instead of 3.5, and a
 
 `release_openmp_pool()` frees the calling thread's pool (OpenMP 5.0's
 `omp_pause_resource_all`, which libgomp implements as "free this thread's pool").
-The manager calls it on the thread that starts the engine, right before the engine
-thread starts. A later large op on that thread builds a new pool, slowing the engine
-again (never changing its results); the server's event loop runs none.
+`load_model` calls it on the loading thread when done, the manager on the thread
+that starts the engine (right before the engine thread starts) and after a warm-up.
+A later large op on another thread builds a new pool, slowing the engine again
+(never changing its results); the server's event loop runs none.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ _gomp: ctypes.CDLL | None | bool = False     # False: not looked up yet
 
 
 def _loaded_libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process already loaded (torch's), or None (other platforms,
-    other OpenMP runtimes)."""
+    """The libgomp this process already loaded (torch's first, if several are), or
+    None (other platforms, other OpenMP runtimes)."""
     global _gomp
     if _gomp is not False:
         return _gomp
@@ -42,14 +43,12 @@ def _loaded_libgomp() -> ctypes.CDLL | None:
                 paths = {line.split()[-1] for line in maps if "libgomp" in line}
         except OSError:
             paths = set()
-        for path in sorted(paths):
+        for path in sorted(paths, key=lambda p: ("/torch/" not in p, p)):
             try:
                 library = ctypes.CDLL(path)
             except OSError:
                 continue
-            if hasattr(library, "omp_pause_resource_all"):
-                library.omp_pause_resource_all.argtypes = [ctypes.c_int]
-                library.omp_pause_resource_all.restype = ctypes.c_int
+            if hasattr(library, "GOMP_parallel"):
                 _gomp = library
                 break
     return _gomp
@@ -78,8 +77,10 @@ def release_openmp_pool() -> bool:
     import torch  # noqa: F401  (libgomp is loaded with torch)
 
     library = _loaded_libgomp()
-    if library is None:
+    if library is None or not hasattr(library, "omp_pause_resource_all"):
         return False
+    library.omp_pause_resource_all.argtypes = [ctypes.c_int]
+    library.omp_pause_resource_all.restype = ctypes.c_int
     released = library.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0
     logger.debug("OpenMP pool of this thread %s", "released" if released else "kept")
     return released

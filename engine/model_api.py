@@ -171,6 +171,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
 
     from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
                                          use_int8_weights)
+    from .models.packed_linear import pack_dense_weights
+    from .cpu_threads import release_openmp_pool
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
@@ -200,8 +202,11 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         module = use_bf16_weights(module)
     if int8:
         module = use_int8_weights(module)
+    if device.type == "cpu" and tp_size == 1:
+        pack_dense_weights(module)
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
+    release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return model
 
 

@@ -55,13 +55,15 @@ class NativeKernels:
             pointer, pointer, pointer, pointer, ctypes.c_int]
         library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
                                          pointer, pointer, pointer, size, pointer, ctypes.c_int]
-        self._torch_threaded: bool | None = None
+        self._per_thread = threading.local()
+        """torch_threaded and num_threads of the calling engine thread (engines on
+        other threads choose for themselves)."""
         library.paged_decode_attention.argtypes = [
             pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
             ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
-        self.max_threads = self.num_threads = num_threads
+        self.max_threads = num_threads
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
         library.use_openmp_helpers.argtypes = [ctypes.c_int]
         library.use_openmp_helpers.restype = ctypes.c_int
@@ -88,19 +90,30 @@ class NativeKernels:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
 
+    @property
+    def num_threads(self) -> int:
+        """Parts each call is split into, on the calling thread."""
+        return getattr(self._per_thread, "num_threads", self.max_threads)
+
+    @num_threads.setter
+    def num_threads(self, value: int) -> None:
+        self._per_thread.num_threads = value
+
     def set_torch_threaded(self, torch_threaded: bool) -> None:
-        """Whether torch runs its own threads between our calls (large steps). Its
-        idle OpenMP helpers spin on the other cores then: our calls run on those
-        same helpers (torch's libgomp), and our own pool's helpers sleep at once.
-        In single-threaded steps our helpers serve and spin 2 ms between calls (see
-        worker_pool.h). Measured: one 32 x 9-head x 100-token paged attention call
-        after a two-thread torch matmul took 1.6 ms on the calling thread alone
-        (torch's spinning helper slows it) against 0.49 ms after nothing."""
-        if torch_threaded != self._torch_threaded:
+        """Whether torch runs its own threads between this thread's calls (large
+        steps). Its idle OpenMP helpers spin on the other cores then: our calls run
+        on that same team (torch's libgomp), as many parts as torch has threads, and
+        our own pool's helpers sleep at once. In single-threaded steps the pool
+        serves, its helpers spinning 2 ms between calls (see worker_pool.h).
+        Measured: one 32 x 9-head x 100-token paged attention call after a
+        two-thread torch matmul took 1.6 ms on the calling thread alone (torch's
+        spinning helper slows it) against 0.49 ms after nothing."""
+        if torch_threaded != getattr(self._per_thread, "torch_threaded", None):
             self._library.set_helper_spin_ns(0 if torch_threaded else 2_000_000)
             openmp = self._library.use_openmp_helpers(int(torch_threaded))
-            self.num_threads = self.max_threads if openmp or not torch_threaded else 1
-            self._torch_threaded = torch_threaded
+            self.num_threads = (torch.get_num_threads() if openmp else 1) if torch_threaded \
+                else self.max_threads
+            self._per_thread.torch_threaded = torch_threaded
 
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,

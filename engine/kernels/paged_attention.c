@@ -32,7 +32,8 @@ typedef struct {
     float scale;
     float *out;
     int64_t chunks;          /* context pieces per request */
-    float *scratch;          /* per part: H * width scores */
+    int64_t span;            /* the longest piece: ceil(longest context / chunks) */
+    float *scratch;          /* per part: H * span scores */
     float *partials;         /* per work item: H * (D + 2): max, sum, unnormalised output */
 } AttentionJob;
 
@@ -59,7 +60,7 @@ static void add_scaled(float alpha, const float *x, float *y, int64_t n) {   /* 
  * e^r from Cephes' degree-6 expf polynomial, times 2^n by scalef (which also
  * underflows to 0 as exp does). Within ~2 ulp of expf for the x <= 0 used here. */
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));            /* e^-104 is 0 in fp32 */
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);   /* e^-104 is 0 in fp32; NaN stays NaN */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -142,7 +143,7 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
 static void attention_part(const void *arg, int part, int parts) {
     const AttentionJob *job = arg;
     const int64_t items = job->batch * job->chunks;
-    float *scores = job->scratch + (int64_t)part * job->heads * job->width;
+    float *scores = job->scratch + (int64_t)part * job->heads * job->span;
     for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
         const int64_t b = item / job->chunks, chunk = item % job->chunks;
         const int64_t length = job->lengths[b];
@@ -199,7 +200,8 @@ static int attention_run(const float *q, int64_t q_stride, const float *keys,
     }
     const int parts = num_threads < 1 ? 1 : num_threads;
     const int64_t chunks = choose_chunks(batch, longest, parts);
-    float *scratch = malloc(sizeof(float) * parts * heads * width);
+    const int64_t span = (longest + chunks - 1) / chunks;
+    float *scratch = malloc(sizeof(float) * parts * heads * span);
     float *partials = malloc(sizeof(float) * batch * chunks * heads * (dim + 2));
     if (!scratch || !partials) {
         free(scratch);
@@ -207,7 +209,7 @@ static int attention_run(const float *q, int64_t q_stride, const float *keys,
         return 2;
     }
     AttentionJob job = {q, keys, values, slots, lengths, batch, width, heads, kv_heads, dim,
-                        q_stride, scale, out, chunks, scratch, partials};
+                        q_stride, scale, out, chunks, span, scratch, partials};
     run_parallel(attention_part, &job, parts);
     merge(&job);
     free(scratch);

@@ -15,6 +15,10 @@
 
 #define MAX_HELPERS 63
 static atomic_llong spin_ns = 2000000LL;   /* 2 ms; see set_helper_spin_ns */
+/* Per calling thread, whether its parts run on its OpenMP team (use_openmp_helpers):
+ * an engine on another thread, in small steps, keeps the pool (an OpenMP team started
+ * from its thread would be a second pool, see engine/cpu_threads.py). */
+static _Thread_local int openmp_active;
 
 static struct {
     pthread_mutex_t caller;          /* held by the one caller using the pool */
@@ -74,6 +78,7 @@ static void reset_after_fork(void) {    /* the child has none of the parent's he
     pthread_mutex_init(&pool.sleep_lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
     pool.num_helpers = 0;
+    openmp_active = 0;                  /* the forking thread's choice, now the child's */
 }
 
 static int grow_pool(int wanted) {      /* called with `caller` held */
@@ -103,7 +108,6 @@ typedef int (*omp_query_fn)(void);
 static struct {
     gomp_parallel_fn parallel;
     omp_query_fn thread_num, num_threads;
-    atomic_int active;
 } openmp;
 
 void set_openmp_runtime(void *parallel, void *thread_num, void *num_threads) {
@@ -113,9 +117,8 @@ void set_openmp_runtime(void *parallel, void *thread_num, void *num_threads) {
 }
 
 int use_openmp_helpers(int on) {
-    int usable = on && openmp.parallel && openmp.thread_num && openmp.num_threads;
-    atomic_store(&openmp.active, usable);
-    return usable;
+    openmp_active = on && openmp.parallel && openmp.thread_num && openmp.num_threads;
+    return openmp_active;
 }
 
 struct openmp_job { part_fn fn; const void *job; int parts; };
@@ -128,7 +131,7 @@ static void openmp_body(void *arg) {         /* runs on every thread of the team
 }
 
 void run_parallel(part_fn fn, const void *job, int parts) {
-    if (parts > 1 && atomic_load_explicit(&openmp.active, memory_order_relaxed)) {
+    if (parts > 1 && openmp_active) {
         struct openmp_job run = {fn, job, parts};
         openmp.parallel(openmp_body, &run, (unsigned)parts, 0);
         return;

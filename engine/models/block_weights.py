@@ -6,7 +6,8 @@ are exactly those blocks dequantized, so the blocks carry the same numbers in 5 
 bits per weight instead of 32. Decode steps (a few rows) are bound by reading the
 weights, so for them BlockLinear multiplies straight from the blocks
 (engine/kernels/block_gemm.c), accumulating in fp32; larger steps are bound by
-arithmetic and keep the dense fp32 weights and torch's matmul.
+arithmetic and multiply the dense weight (fp32, or bf16 in dtype bf16-weights), packed
+for oneDNN once at load (packed_linear.py).
 
 `use_gguf_blocks` reads the blocks of every projection (and the LM head) from the
 GGUF file, reorders rows the way transformers' GGUF loader does for q/k (llama.cpp
@@ -24,18 +25,20 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .packed_linear import pack_weight, packed_linear
+
 logger = logging.getLogger(__name__)
 
 BLOCK = 32
-MAX_KERNEL_ROWS = 32
+MAX_KERNEL_ROWS = 12
 """Up to this many rows per step the block kernels beat the dense fp32 matmuls (the
-weights' bytes dominate); past it arithmetic dominates and torch's matmul wins.
-Measured with `bench.step` on SmolLM2-135M, 2 cores, whole decode steps: kernels vs
-dense at 24 rows 107 vs 127 ms, 32 rows 137 vs 147 ms, 48 rows 192 vs 175 ms."""
-BF16_KERNEL_ROWS = 16
-"""The same crossover when the dense weights are bf16 (dtype bf16-weights), whose
-matmuls run ~2.5x faster: `bench.step` kernels vs bf16 dense at 8 rows 34 vs 60 ms,
-16 rows 69 vs 61 ms, 32 rows 130 vs 92 ms."""
+weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
+oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
+SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
+12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms."""
+BF16_KERNEL_ROWS = 8
+"""The same crossover when the dense weights are bf16 (dtype bf16-weights): kernels
+vs packed bf16 dense at 8 rows 33 vs 63 ms, 12 rows 48 vs 39 ms."""
 _BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
 
 
@@ -97,6 +100,8 @@ class BlockLinear(nn.Module):
         self.kernels = kernels
         self.max_rows = MAX_KERNEL_ROWS
         """Steps of more rows use the dense weight."""
+        self.packed = None
+        """The dense weight packed for oneDNN (pack_dense), which then replaces `weight`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_features = x.shape[-1]
@@ -117,7 +122,17 @@ class BlockLinear(nn.Module):
         self.weight = nn.Parameter(self.weight.detach().to(torch.bfloat16), requires_grad=False)
         self.max_rows = BF16_KERNEL_ROWS
 
+    def pack_dense(self) -> bool:
+        """Pack the dense weight for oneDNN and drop the unpacked one (packed_linear.py)."""
+        packed = pack_weight(self.weight)
+        if packed is not None:
+            self.packed, self.weight = packed, None
+        return packed is not None
+
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = packed_linear(x.to(self.packed.dtype), self.packed).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         if self.weight.dtype == x.dtype:
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)

@@ -3,7 +3,8 @@
 At batch 1 a Llama layer costs ~0.4 ms, and a third of it is Python: module calls,
 wrappers checking their inputs, small torch ops between the kernels. For layers whose
 projections all run on GGUF blocks (models/block_weights.py), a decode-only step of
-at most MAX_KERNEL_ROWS requests takes this path instead of the modules:
+at most the projections' `max_rows` requests (MAX_KERNEL_ROWS, BF16_KERNEL_ROWS in
+dtype bf16-weights) takes this path instead of the modules:
 
     h = rms_norm(x)
     q, k, v = split(qkv_kernel(h)); rotate q and k

@@ -8,8 +8,9 @@ Each decoder projection casts its fp32 input to bf16, multiplies against bf16 we
 a GGUF model with block kernels, steps small enough for them (decode of up to
 BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
 weights, not by arithmetic, so bf16 would not speed them up. The LM head computes
-bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32, so greedy
-picks and the likely tokens' logprobs are fp32's. Keeping the residual stream in fp32
+bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32 (capping
+the others below them), so the greedy pick is fp32's whenever fp32's best token is
+among bf16's 16 best, and the likely tokens' logits are fp32's. Keeping the residual stream in fp32
 keeps most of the accuracy that full bf16 loses (measured with `python -m
 bench.accuracy`, see docs/benchmarks.md). Selected with `load_model(...,
 dtype="bf16-weights")`.
@@ -28,6 +29,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .packed_linear import pack_weight, packed_linear
+
 MIXED_DTYPE_NAMES = ("bf16-weights", "bfloat16-weights")
 INT8_DTYPE_NAMES = ("int8-weights",)
 
@@ -42,13 +45,26 @@ class Bf16WeightLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().to(torch.bfloat16), requires_grad=False)
 
+        self.packed = None
+
+    def pack_dense(self) -> bool:
+        """Pack the bf16 weight for oneDNN and drop the unpacked one (packed_linear.py)."""
+        packed = pack_weight(self.weight)
+        if packed is not None:
+            self.packed, self.weight = packed, None
+        return packed is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = packed_linear(x.to(torch.bfloat16), self.packed)
+            return (y if self.bias is None else y + self.bias).to(x.dtype)
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
 
 
 RESCORED_CANDIDATES = 16
-"""bf16 logits are off by ~0.05 for this model class, far less than the gap between
-a row's 1st and 16th logit, so fp32's argmax is among bf16's top 16."""
+"""bf16 logits are off by ~0.05 for this model class (0.125 steps past |16|), far less
+than the usual gap between a row's 1st and 16th logit, so fp32's argmax is among
+bf16's top 16 but in nearly flat rows."""
 
 
 class Bf16RescoredHead(nn.Module):
@@ -62,16 +78,28 @@ class Bf16RescoredHead(nn.Module):
         self.register_buffer("weight_bf16", weight.detach().to(torch.bfloat16),
                              persistent=False)
         self.exact_head = exact_head
+        self.packed = None
+
+    def pack_dense(self) -> bool:
+        """Pack the bf16 copy for oneDNN and drop the unpacked one (packed_linear.py)."""
+        packed = pack_weight(self.weight_bf16)
+        if packed is not None:
+            self.packed, self.weight_bf16 = packed, None
+        return packed is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] fp32 -> logits [N, vocab] fp32."""
         if self.exact_head is not None and hidden.shape[0] <= self.exact_head.max_rows:
             return self.exact_head(hidden)
-        approx = F.linear(hidden.to(torch.bfloat16), self.weight_bf16)       # [N, V] bf16
+        approx = (packed_linear(hidden.to(torch.bfloat16), self.packed) if self.packed is not None
+                  else F.linear(hidden.to(torch.bfloat16), self.weight_bf16))  # [N, V] bf16
         candidates = approx.topk(RESCORED_CANDIDATES, dim=-1).indices         # [N, K]
         rows = self.weight[candidates]                                        # [N, K, H]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)     # [N, K]
-        return approx.float().scatter_(1, candidates, exact)
+        # no bf16 value may pass the candidates' least exact one: the best token is then
+        # always an exactly recomputed candidate
+        logits = torch.minimum(approx.float(), exact.min(dim=-1, keepdim=True).values)
+        return logits.scatter_(1, candidates, exact)
 
 
 def use_bf16_weights(model: nn.Module) -> nn.Module:

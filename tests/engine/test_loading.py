@@ -58,7 +58,8 @@ def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
     model = load_model(path, dtype="bf16-weights", progress=False)
     projections = [m for m in model.module.modules() if isinstance(m, Bf16WeightLinear)]
     assert len(projections) == 4 * len(model.module.layers)
-    assert all(p.weight.dtype == torch.bfloat16 for p in projections)
+    assert all((p.weight if p.packed is None else p.packed).dtype == torch.bfloat16
+               for p in projections)
     assert model.dtype == torch.float32 and model.module.embed_tokens.weight.dtype == torch.float32
     ids = [5, 9, 13, 17, 21, 40]
     with torch.inference_mode():

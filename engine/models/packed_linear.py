@@ -1,0 +1,71 @@
+"""Matmuls on weights packed once for oneDNN, for the CPU's compute-bound steps.
+
+On CPU, F.linear multiplies fp32 through MKL and bf16 through oneDNN, bringing the
+weight into the kernel's blocked layout on every call. oneDNN's linear on a weight
+packed once at load (torch.ops.mkldnn `_reorder_linear_weight` and
+`_linear_pointwise`, the pair torch.compile's CPU backend uses) skips that. Measured on
+2 cores (AVX-512 BF16), 64 rows: fp32 64 x 576 -> 3072 2.02 -> 1.19 ms, the LM head
+64 x 576 -> 49152 40.8 -> 18.7 ms; bf16 0.75 -> 0.64 ms and 14.7 -> 10.1 ms. The gain
+shrinks for large prefills (512 rows: 1.1-1.5x).
+
+Results equal F.linear's up to fp32 summation order (the same products accumulated in
+another order, as with any other BLAS). A packed weight is an opaque oneDNN tensor:
+only `packed_linear` reads it, it stays on the CPU, and it is kept as a plain
+attribute, not a parameter or buffer, so module-wide `.to()` / state_dict never meet it.
+
+`pack_dense_weights(model)` asks every module with a `pack_dense()` method (the block
+projections, the bf16 projections and LM head) to pack its dense weight; the engine
+calls it for single-process CPU models after their dtype is settled.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+PACKING_BATCH_HINT = 64
+"""Rows oneDNN tunes the packed layout for; any row count may use it."""
+
+_available: bool | None = None
+
+
+def packing_available() -> bool:
+    """Whether this torch has the ops and they agree with F.linear (checked once)."""
+    global _available
+    if _available is None:
+        try:
+            generator = torch.Generator().manual_seed(0)
+            weight = torch.randn(48, 64, generator=generator)
+            x = torch.randn(5, 64, generator=generator)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+            y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            _available = bool(torch.allclose(y, F.linear(x, weight), rtol=1e-4, atol=1e-4))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _available = False
+    return _available
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """weight [out, in], CPU fp32 or bf16 -> its packed form, or None where packing
+    does not apply (another device or dtype, or a torch without the ops)."""
+    if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
+            or not packing_available()):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
+                                                   PACKING_BATCH_HINT)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], same dtype."""
+    flat = x.reshape(-1, x.shape[-1])
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    y = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+
+def pack_dense_weights(model: nn.Module) -> int:
+    """Pack the dense weight of every module that knows how; returns how many did."""
+    return sum(1 for module in list(model.modules())
+               if hasattr(module, "pack_dense") and module.pack_dense())
