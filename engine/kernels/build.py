@@ -29,8 +29,9 @@ from ..cpu_threads import openmp_entry_points
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("block_gemm.c", "paged_attention.c", "worker_pool.c")]
-HEADERS = [Path(__file__).with_name(name) for name in ("worker_pool.h", "kernels.h")]
+           for name in ("block_gemm.c", "paged_attention.c", "activations.c", "worker_pool.c")]
+HEADERS = [Path(__file__).with_name(name)
+           for name in ("worker_pool.h", "kernels.h", "vector_math.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}
 
@@ -64,6 +65,7 @@ class NativeKernels:
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.max_threads = num_threads
+        library.silu_mul.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
         library.use_openmp_helpers.argtypes = [ctypes.c_int]
         library.use_openmp_helpers.restype = ctypes.c_int
@@ -114,6 +116,20 @@ class NativeKernels:
             self.num_threads = (torch.get_num_threads() if openmp else 1) if torch_threaded \
                 else self.max_threads
             self._per_thread.torch_threaded = torch_threaded
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] fp32 or bf16, contiguous (gate columns first) ->
+        silu(gate) * up [T, I] in the same dtype, computed in fp32 (activations.c)."""
+        if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.dim() != 2 \
+                or gate_up.shape[1] % 2 or gate_up.device.type != "cpu":
+            raise ValueError("silu_mul: gate_up must be a [T, 2I] CPU fp32 or bf16 tensor")
+        gate_up = gate_up.contiguous()
+        tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(tokens, inter, dtype=gate_up.dtype)
+        self._library.silu_mul(gate_up.data_ptr(), tokens, inter,
+                               int(gate_up.dtype == torch.bfloat16), out.data_ptr(),
+                               self.num_threads)
+        return out
 
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,

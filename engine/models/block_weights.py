@@ -155,11 +155,18 @@ class FusedBlockMLP:
                 and down.bias is None and mlp.act is F.silu)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The MLP's output, or None when the step is not one for the kernel."""
-        if x.dim() != 2 or x.shape[0] > self.gate_up.max_rows or x.dtype != torch.float32 \
-                or x.device.type != "cpu":
+        """The MLP's output, or None when the step is for the modules. Larger steps
+        with packed weights run gate_up, then the activation as one native pass over
+        its output (no dtype casts between, in bf16 mode), then down."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
-        return self.kernels.gated_mlp(x.contiguous(), self.gate_up, self.down)
+        if x.shape[0] <= self.gate_up.max_rows:
+            return self.kernels.gated_mlp(x.contiguous(), self.gate_up, self.down)
+        gate_up, down = self.gate_up.packed, self.down.packed
+        if gate_up is None or down is None or gate_up.dtype != down.dtype:
+            return None
+        activated = self.kernels.silu_mul(packed_linear(x.to(gate_up.dtype), gate_up))
+        return packed_linear(activated, down).to(x.dtype)
 
 
 def _read_gguf(path: Path) -> dict[str, Blocks]:

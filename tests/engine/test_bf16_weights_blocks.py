@@ -138,3 +138,44 @@ def test_default_model_in_bf16_weights_keeps_small_steps_exact():
     rescored, reference = mixed.prompt_logits(long_prompt)[-1], exact.prompt_logits(long_prompt)[-1]
     assert rescored.argmax() == reference.argmax()
     assert (rescored - reference).abs().max() < 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_kernel_equals_torch(kernels, dtype):
+    generator = torch.Generator().manual_seed(6)
+    gate_up = (4 * torch.randn(37, 2 * 200, generator=generator)).to(dtype)
+    gate_up[0, 0], gate_up[1, 0], gate_up[2, 0] = float("nan"), -200.0, 200.0
+    got = kernels.silu_mul(gate_up)
+    gate, up = gate_up.float().split(200, dim=-1)
+    want = (F.silu(gate) * up).to(dtype)
+    assert got.dtype == dtype and got.shape == (37, 200)
+    assert torch.isnan(got[0, 0]) and got[1, 0] == 0 and got[2, 0] == want[2, 0]
+    torch.testing.assert_close(got[1:], want[1:], rtol=1e-6 if dtype == torch.float32 else 0,
+                               atol=1e-5 if dtype == torch.float32 else 0)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
+    from engine.models.block_weights import FusedBlockMLP
+    from engine.models.layers import GatedMLP
+
+    hidden, inter, rows = 64, 96, 40
+    mlp = GatedMLP(hidden, inter, "silu", bias=False)
+    gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))
+    down = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", hidden, inter, seed=2))
+    mlp.gate_up_proj = BlockLinear(None, gate_up.dequantize(), gate_up, kernels)
+    mlp.down_proj = BlockLinear(None, down.dequantize(), down, kernels)
+    x = torch.randn(rows, hidden)
+    want = mlp(x)                                   # modules, unpacked fp32 weights
+    for projection in (mlp.gate_up_proj, mlp.down_proj):
+        if bf16:
+            projection.use_bf16_dense()
+        assert projection.pack_dense()
+    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels)
+    got = mlp(x)
+    assert got.dtype == torch.float32 and rows > mlp.gate_up_proj.max_rows
+    if bf16:
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+        assert not torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
