@@ -138,7 +138,7 @@ class LlamaFamilyForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
         head = (getattr(self, "int8_lm_head", None) or getattr(self, "bf16_lm_head", None)
-                or getattr(self, "block_lm_head", None))
+                or getattr(self, "block_lm_head", None) or getattr(self, "packed_lm_head", None))
         if head is not None:
             return head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

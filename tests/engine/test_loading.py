@@ -51,6 +51,22 @@ def test_unsupported_architecture_is_rejected(tmp_path):
         load_model(tmp_path, progress=False)
 
 
+def test_float32_cpu_models_multiply_weights_packed_for_onednn(tiny_models):
+    from engine.models.packed_linear import PackedLinear
+
+    path, reference = tiny_models["qwen2"]                 # qkv bias, tied embeddings
+    model = load_model(path, progress=False)
+    packed = [m for m in model.module.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 4 * len(model.module.layers) + 1  # + the LM head
+    assert not any(type(m) is torch.nn.Linear for m in model.module.layers.modules())
+    qkv = model.module.layers[0].self_attn.qkv_proj
+    assert qkv.bias is not None and qkv.packed.dtype == torch.float32
+    ids = [5, 9, 13, 17, 21, 40]
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(model.prompt_logits(ids), want, atol=1e-5, rtol=1e-4)
+
+
 def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
     from engine.models.mixed_precision import Bf16WeightLinear
 
