@@ -119,3 +119,14 @@ def test_int8_kernel_and_fallback_agree():
                                atol=0.05, rtol=0.02)
     assert (kernel(x).float() - x @ weight.T).abs().max() < 0.2     # close to fp32
     assert not Int8WeightLinear(torch.randn(8, 60), None).use_kernel   # 60 % 16 != 0
+
+
+def test_packed_linear_equals_nn_linear_with_its_bias():
+    from engine.models.packed_linear import PackedLinear
+
+    linear = torch.nn.Linear(64, 48)
+    torch.nn.init.normal_(linear.bias)
+    packed = PackedLinear.from_linear(linear)
+    x = torch.randn(3, 5, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-4)
