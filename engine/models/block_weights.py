@@ -25,7 +25,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .packed_linear import pack_weight, packed_linear
+from .packed_linear import pack_in_place, packed_linear
 
 logger = logging.getLogger(__name__)
 
@@ -124,10 +124,7 @@ class BlockLinear(nn.Module):
 
     def pack_dense(self) -> bool:
         """Pack the dense weight for oneDNN and drop the unpacked one (packed_linear.py)."""
-        packed = pack_weight(self.weight)
-        if packed is not None:
-            self.packed, self.weight = packed, None
-        return packed is not None
+        return pack_in_place(self, "weight")
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:

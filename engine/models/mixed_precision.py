@@ -29,7 +29,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .packed_linear import pack_weight, packed_linear
+from .packed_linear import pack_in_place, packed_linear
 
 MIXED_DTYPE_NAMES = ("bf16-weights", "bfloat16-weights")
 INT8_DTYPE_NAMES = ("int8-weights",)
@@ -44,15 +44,11 @@ class Bf16WeightLinear(nn.Module):
         self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().to(torch.bfloat16), requires_grad=False)
-
         self.packed = None
 
     def pack_dense(self) -> bool:
         """Pack the bf16 weight for oneDNN and drop the unpacked one (packed_linear.py)."""
-        packed = pack_weight(self.weight)
-        if packed is not None:
-            self.packed, self.weight = packed, None
-        return packed is not None
+        return pack_in_place(self, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -82,10 +78,7 @@ class Bf16RescoredHead(nn.Module):
 
     def pack_dense(self) -> bool:
         """Pack the bf16 copy for oneDNN and drop the unpacked one (packed_linear.py)."""
-        packed = pack_weight(self.weight_bf16)
-        if packed is not None:
-            self.packed, self.weight_bf16 = packed, None
-        return packed is not None
+        return pack_in_place(self, "weight_bf16")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] fp32 -> logits [N, vocab] fp32."""

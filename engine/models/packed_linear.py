@@ -59,6 +59,16 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
                                                    PACKING_BATCH_HINT)
 
 
+def pack_in_place(module: nn.Module, name: str) -> bool:
+    """Pack `module.<name>` into `module.packed` and drop the unpacked tensor; False
+    (nothing changed) where packing does not apply."""
+    packed = pack_weight(getattr(module, name))
+    if packed is not None:
+        module.packed = packed
+        setattr(module, name, None)
+    return packed is not None
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], same dtype."""
     flat = x.reshape(-1, x.shape[-1])
