@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .block_weights import MAX_KERNEL_ROWS, BlockLinear, FusedBlockMLP
+from .block_weights import BlockLinear, FusedBlockMLP
 
 
 class FastDecodeLayer:
@@ -79,15 +79,15 @@ def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
 
 
 def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> bool:
-    """The step is decode-only and small, and the tensors the native calls read for
-    it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths)."""
+    """The step is decode-only and the tensors the native calls read for it are
+    contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths). Its size is
+    checked per layer, against the layer's projections' `max_rows`."""
     global _last_step
     last_meta, verdict = _last_step
     if last_meta is meta:
         return verdict
     longs = (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths)
     verdict = (not meta.prefills and meta.decode_lengths is not None
-               and cos.shape[0] <= MAX_KERNEL_ROWS
                and cos.shape == sin.shape == (cos.shape[0], head_dim)
                and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
                and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
