@@ -29,7 +29,8 @@ from ..cpu_threads import openmp_entry_points
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("block_gemm.c", "paged_attention.c", "activations.c", "worker_pool.c")]
+           for name in ("block_gemm.c", "paged_attention.c", "attention_vectors.c",
+                        "activations.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h")]
 _lock = threading.Lock()

@@ -12,4 +12,15 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
 void rms_norm_rows(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
                    float *out);
 
+/* attention_vectors.c: the AVX-512 passes of decode attention over one context range
+ * (slots row[0 .. count)); attention_vectors_apply says whether they serve head size
+ * `dim` on this build. */
+int attention_vectors_apply(int64_t dim);
+void attention_scores_vector(const float *q, const float *keys, const int64_t *row,
+                             int64_t count, int64_t heads, int64_t kv_heads, int64_t dim,
+                             float scale, float *scores);
+void attention_values_vector(const float *probs, const float *values, const int64_t *row,
+                             int64_t count, int64_t heads, int64_t kv_heads, int64_t dim,
+                             float *out, int64_t out_stride);
+
 #endif

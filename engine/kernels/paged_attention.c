@@ -11,7 +11,8 @@
  * copy of the context, no padded matmuls. Requests are split over `num_threads`
  * threads (worker_pool.h); when there are too few to keep the threads busy (one
  * request, long context), each context is cut into chunks whose partial softmaxes
- * are merged at the end, as flash-decoding does.
+ * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
+ * run the per-range passes of attention_vectors.c on AVX-512.
  */
 #include <math.h>
 #include <stdint.h>
@@ -99,7 +100,11 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     const int64_t count = end - start, record = job->kv_heads * dim;
     const int64_t *row = job->slots + b * job->width + start;
     const float *q = job->q + b * job->q_stride;                        /* [H, D] */
-    for (int64_t l = 0; l < count; l++) {
+    const int vector = attention_vectors_apply(dim);
+    if (vector)
+        attention_scores_vector(q, job->keys, row, count, heads, job->kv_heads, dim,
+                                job->scale, scores);
+    for (int64_t l = 0; !vector && l < count; l++) {
         const float *keys = job->keys + row[l] * record;                /* [KVH, D] */
         for (int64_t hq = 0; hq < heads; hq++)
             scores[hq * count + l] = dot(q + hq * dim, keys + (hq / group) * dim, dim) * job->scale;
@@ -109,7 +114,12 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
         const float total = softmax_numerators(scores + hq * count, count, &top);
         result[hq * (dim + 2)] = top;
         result[hq * (dim + 2) + 1] = total;
-        memset(result + hq * (dim + 2) + 2, 0, sizeof(float) * dim);
+        if (!vector) memset(result + hq * (dim + 2) + 2, 0, sizeof(float) * dim);
+    }
+    if (vector) {
+        attention_values_vector(scores, job->values, row, count, heads, job->kv_heads, dim,
+                                result + 2, dim + 2);
+        return;
     }
     for (int64_t l = 0; l < count; l++) {
         const float *values = job->values + row[l] * record;            /* [KVH, D] */

@@ -1,6 +1,7 @@
 """The native decode-attention kernel equals attention computed with torch over the
 same paged cache: GQA, contexts of different lengths with padding after them, slots
-scattered over the cache, head sizes on the vector path (64) and off it (10)."""
+scattered over the cache, head sizes on the AVX-512 path (multiples of 16: 48, 64,
+128) and off it (10)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def reference(query, keys, values, slots, lengths, scale):
     return out
 
 
-@pytest.mark.parametrize("dim", [64, 10])
+@pytest.mark.parametrize("dim", [64, 128, 48, 10])
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 1)])
 def test_kernel_matches_torch_attention(kernels, dim, heads, kv_heads):
     generator = torch.Generator().manual_seed(dim * 100 + heads)
