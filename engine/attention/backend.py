@@ -19,10 +19,11 @@ class AttentionBackend(Protocol):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:
         """query [T, H, D], key/value [T, KVH, D] for this step's tokens; the caches
         [num_blocks, page_size, KVH, D] of one layer. Writes the new K/V into the
-        cache at `meta.slot_mapping` and returns the attention output [T, H, D]."""
+        cache at `meta.slot_mapping` (unless the caller already has: `cache_written`)
+        and returns the attention output [T, H, D]."""
         ...
 
 

@@ -22,18 +22,13 @@ FUSED_DECODE_MAX_BATCH = 4
 matmuls, which gather and multiply faster once the contexts are many."""
 
 
-_kernels: list = []      # [NativeKernels | None] once looked up
-
-
 def _native_kernels(flat_keys: torch.Tensor):
     """The native decode-attention kernel for an fp32 cache on the CPU, else None."""
     if flat_keys.dtype != torch.float32 or flat_keys.device.type != "cpu" \
             or not flat_keys.is_contiguous():
         return None
-    if not _kernels:
-        from ..kernels import load_native_kernels
-        _kernels.append(load_native_kernels())
-    return _kernels[0]
+    from ..kernels import default_kernels
+    return default_kernels()
 
 
 class TorchPagedAttention:
@@ -41,12 +36,13 @@ class TorchPagedAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:
         num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
         flat_keys = key_cache.view(-1, num_kv_heads, head_dim)      # [num_blocks*page, KVH, D]
         flat_values = value_cache.view(-1, num_kv_heads, head_dim)
-        flat_keys.index_copy_(0, meta.slot_mapping, key.to(flat_keys.dtype))
-        flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
+        if not cache_written:
+            flat_keys.index_copy_(0, meta.slot_mapping, key.to(flat_keys.dtype))
+            flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)

@@ -19,21 +19,6 @@ typedef struct {
     int bf16;
 } SiluMulJob;
 
-static float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
-static uint16_t float_to_bf16(float value) {       /* round to nearest even; NaN kept */
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 static float silu_times(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
 #ifdef __AVX512F__
@@ -43,20 +28,6 @@ static inline __m512 silu_times16(__m512 gate, __m512 up) {
     return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
 }
 
-static inline __m512 load_bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-static inline void store_bf16x16(uint16_t *p, __m512 v) {   /* round to nearest even */
-    __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, nan,
-                                    _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
 #endif
 
 static void silu_mul_row_f32(const float *gate, const float *up, float *out, int64_t n) {

@@ -2,8 +2,43 @@
 #ifndef KVSERVE_VECTOR_MATH_H
 #define KVSERVE_VECTOR_MATH_H
 
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+static inline uint16_t float_to_bf16(float value) {   /* round to nearest even; NaN kept */
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
 #ifdef __AVX512F__
 #include <immintrin.h>
+
+/* 16 bf16 values -> 16 floats (exact: bf16 is fp32's upper half). */
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* 16 floats -> 16 bf16 values, each as float_to_bf16 rounds it. */
+static inline void store_bf16x16(uint16_t *p, __m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan,
+                                    _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
 
 /* exp on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite),
  * e^r from Cephes' degree-6 expf polynomial, times 2^n by scalef (which also

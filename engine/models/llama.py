@@ -15,6 +15,7 @@ from torch import nn
 
 from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
+from ..kernels import default_kernels
 from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
 
 
@@ -64,6 +65,17 @@ class Attention(nn.Module):
             meta = meta.sliding
         qkv = self.qkv_proj(hidden)
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        key_cache, value_cache = kv_cache.key_caches[self.layer_idx], kv_cache.value_caches[self.layer_idx]
+        if self.q_norm is None and native_rope_fits(qkv, cos, sin, key_cache, value_cache, meta):
+            # one native call rotates q and k in place and writes k, v to the cache
+            default_kernels().rope_store(qkv, heads, cos, sin, meta.slot_mapping,
+                                         key_cache.view(-1, kv_heads, head_dim),
+                                         value_cache.view(-1, kv_heads, head_dim))
+            q, k, v = qkv.view(num_tokens, heads + 2 * kv_heads, head_dim).split(
+                [heads, kv_heads, kv_heads], dim=1)
+            out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale,
+                                  cache_written=True)
+            return self.o_proj(out.reshape(num_tokens, self.q_size))
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, kv_heads, head_dim)
         if self.q_norm is None:        # rotate q and k together: [T, H + KVH, D]
             qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, heads + kv_heads, head_dim)
@@ -73,9 +85,21 @@ class Attention(nn.Module):
             q = self.q_norm(q.reshape(num_tokens, heads, head_dim))       # [T, H, D]
             k = self.k_norm(k.reshape(num_tokens, kv_heads, head_dim))    # [T, KVH, D]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = backend.forward(q, k, v, kv_cache.key_caches[self.layer_idx],
-                              kv_cache.value_caches[self.layer_idx], meta, self.scale)
+        out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+def native_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     meta: AttentionMetadata) -> bool:
+    """Whether this step's RoPE and cache write can be the native call: contiguous CPU
+    fp32 tensors, the rotation over the whole head, and kernels built."""
+    return (qkv.dtype == cos.dtype == key_cache.dtype == value_cache.dtype == torch.float32
+            and qkv.device.type == "cpu" and qkv.dim() == 2 and qkv.is_contiguous()
+            and cos.shape[-1] == key_cache.shape[-1] and cos.is_contiguous() and sin.is_contiguous()
+            and key_cache.is_contiguous() and value_cache.is_contiguous()
+            and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
+            and default_kernels() is not None)
 
 
 class DecoderLayer(nn.Module):

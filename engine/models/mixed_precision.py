@@ -75,6 +75,9 @@ class Bf16RescoredHead(nn.Module):
                              persistent=False)
         self.exact_head = exact_head
         self.packed = None
+        from ..kernels import load_native_kernels
+        self.kernels = load_native_kernels()
+        """Native finish of the large steps (kernels/head_rescore.c), or None."""
 
     def pack_dense(self) -> bool:
         """Pack the bf16 copy for oneDNN and drop the unpacked one (packed_linear.py)."""
@@ -86,6 +89,13 @@ class Bf16RescoredHead(nn.Module):
             return self.exact_head(hidden)
         approx = (packed_linear(hidden.to(torch.bfloat16), self.packed) if self.packed is not None
                   else F.linear(hidden.to(torch.bfloat16), self.weight_bf16))  # [N, V] bf16
+        if self.kernels is not None and hidden.device.type == "cpu" and approx.dim() == 2:
+            return self.kernels.rescore_head(approx, hidden.float(), self.weight,
+                                             RESCORED_CANDIDATES)
+        return self.rescore(approx, hidden)
+
+    def rescore(self, approx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The same finish in torch ops: approx [N, V] bf16 -> logits [N, V] fp32."""
         candidates = approx.topk(RESCORED_CANDIDATES, dim=-1).indices         # [N, K]
         rows = self.weight[candidates]                                        # [N, K, H]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)     # [N, K]

@@ -72,6 +72,27 @@ def test_rescored_head_picks_a_recomputed_token_even_in_flat_rows():
     torch.testing.assert_close(got.gather(1, best), want.gather(1, best), rtol=1e-6, atol=1e-5)
 
 
+def test_native_head_finish_equals_the_torch_ops(kernels):
+    """kernels/head_rescore.c against Bf16RescoredHead.rescore on the same bf16 logits:
+    same candidates, same cap. Rows whose 16th and 17th bf16 logits tie may
+    pick either, so only rows without such a tie are compared."""
+    generator = torch.Generator().manual_seed(11)
+    weight = torch.randn(5000, 96, generator=generator)
+    hidden = torch.randn(48, 96, generator=generator) * 2
+    head = Bf16RescoredHead(weight, None)
+    assert head.kernels is not None
+    approx = F.linear(hidden.bfloat16(), weight.bfloat16())
+    native = kernels.rescore_head(approx, hidden, weight, RESCORED_CANDIDATES)
+    reference = head.rescore(approx, hidden)
+    ordered = approx.float().sort(dim=-1, descending=True).values
+    untied = ordered[:, RESCORED_CANDIDATES - 1] > ordered[:, RESCORED_CANDIDATES]
+    assert untied.sum() > 24
+    torch.testing.assert_close(native[untied], reference[untied], rtol=1e-5, atol=1e-5)
+    assert torch.equal(head(hidden).argmax(-1)[untied], reference.argmax(-1)[untied])
+    with pytest.raises(ValueError, match="candidates"):
+        kernels.rescore_head(approx, hidden, weight, 65)
+
+
 def test_rescored_head_hands_small_steps_to_the_exact_head(kernels):
     blocks = parse_blocks("Q8_0", random_gguf_bytes("Q8_0", 200, 64, seed=3))
     weight = blocks.dequantize()

@@ -86,10 +86,10 @@ def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_pro
     """Where no native kernel serves (no compiler, a GPU), decode attention falls back
     to torch: both of its paths still give transformers' greedy tokens."""
     from engine import GenerationConfig, load_model
-    from engine.attention import torch_backend
+    from engine.kernels import build
     from tests.helpers import random_prompts, reference_greedy
 
-    monkeypatch.setattr(torch_backend, "_kernels", [None])
+    monkeypatch.setattr(build, "_default", [None])     # as without a compiler
     path, reference = tiny_models["qwen3"]
     model = load_model(path, progress=False)
     prompts = random_prompts(num_prompts, 5, 30, seed=num_prompts)

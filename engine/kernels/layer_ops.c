@@ -1,0 +1,124 @@
+/* Elementwise pieces of a decoder layer for steps of any size, each one native call
+ * where torch spends several ops (each ~5-40 us of dispatch and a pass over memory
+ * at 64 rows): the RMSNorm, and RoPE with the cache write.
+ *
+ * rms_norm: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, fp32 arithmetic, the
+ * sum of squares over 16 lanes; out is fp32 or bf16 (rounded to nearest even).
+ *
+ * rope_store: qkv [T, (H + 2 KVH) * D] is one step's fused projection output. Its q
+ * and k heads are rotated in place (rotate-half RoPE, the full head), then each
+ * token's k and v are copied to its cache slot. The rotation is computed as torch's
+ * `x * cos + rotate_half(x) * sin`, each product rounded before the sum (no FMA), so it
+ * equals the module path bit for bit.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "vector_math.h"
+#include "worker_pool.h"
+
+typedef struct {
+    const float *x, *weight;
+    int64_t rows, n;
+    float eps;
+    void *out;
+    int bf16;
+} NormJob;
+
+static float sum_of_squares(const float *row, int64_t n) {
+    int64_t i = 0;
+    float total = 0.0f;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(row + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    total = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) total += row[i] * row[i];
+    return total;
+}
+
+static void norm_part(const void *arg, int part, int parts) {
+    const NormJob *job = arg;
+    const int64_t n = job->n;
+    for (int64_t r = job->rows * part / parts; r < job->rows * (part + 1) / parts; r++) {
+        const float *row = job->x + r * n;
+        const float inverse = 1.0f / sqrtf(sum_of_squares(row, n) / (float)n + job->eps);
+        if (job->bf16) {
+            uint16_t *out = (uint16_t *)job->out + r * n;
+            int64_t i = 0;
+#ifdef __AVX512F__
+            const __m512 scale = _mm512_set1_ps(inverse);
+            for (; i + 16 <= n; i += 16)
+                store_bf16x16(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), scale),
+                                                     _mm512_loadu_ps(job->weight + i)));
+#endif
+            for (; i < n; i++) out[i] = float_to_bf16(row[i] * inverse * job->weight[i]);
+        } else {
+            float *out = (float *)job->out + r * n;
+            for (int64_t i = 0; i < n; i++) out[i] = row[i] * inverse * job->weight[i];
+        }
+    }
+}
+
+int rms_norm(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
+             void *out, int bf16, int num_threads) {
+    if (rows <= 0 || n <= 0) return 0;
+    NormJob job = {x, weight, rows, n, eps, out, bf16};
+    run_parallel(norm_part, &job, rows >= 16 ? num_threads : 1);
+    return 0;
+}
+
+/* Rotate `count` heads of `dim` floats in place, as torch does (see the top). */
+__attribute__((optimize("fp-contract=off")))
+static void rotate_heads(float *x, int64_t count, int64_t dim, const float *cos,
+                         const float *sin) {
+    const int64_t half = dim / 2;
+    for (int64_t h = 0; h < count; h++, x += dim) {
+        for (int64_t i = 0; i < half; i++) {
+            const float first = x[i], second = x[i + half];
+            const float first_cos = first * cos[i], second_sin = second * sin[i];
+            const float second_cos = second * cos[i + half], first_sin = first * sin[i + half];
+            x[i] = first_cos - second_sin;
+            x[i + half] = second_cos + first_sin;
+        }
+    }
+}
+
+typedef struct {
+    float *qkv;
+    int64_t tokens, heads, kv_heads, dim;
+    const float *cos, *sin;
+    const int64_t *slot_mapping;
+    float *keys, *values;
+} RopeJob;
+
+static void rope_part(const void *arg, int part, int parts) {
+    const RopeJob *job = arg;
+    const int64_t dim = job->dim, kv_size = job->kv_heads * dim;
+    const int64_t width = (job->heads + 2 * job->kv_heads) * dim;
+    for (int64_t t = job->tokens * part / parts; t < job->tokens * (part + 1) / parts; t++) {
+        float *row = job->qkv + t * width;
+        rotate_heads(row, job->heads + job->kv_heads, dim, job->cos + t * dim,
+                     job->sin + t * dim);
+        const int64_t slot = job->slot_mapping[t];
+        memcpy(job->keys + slot * kv_size, row + job->heads * dim, sizeof(float) * kv_size);
+        memcpy(job->values + slot * kv_size, row + job->heads * dim + kv_size,
+               sizeof(float) * kv_size);
+    }
+}
+
+/* Returns 0, or 1 for an odd head size. */
+int rope_store(float *qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
+               const float *cos, const float *sin, const int64_t *slot_mapping,
+               float *keys, float *values, int num_threads) {
+    if (dim % 2) return 1;
+    if (tokens <= 0) return 0;
+    RopeJob job = {qkv, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys, values};
+    run_parallel(rope_part, &job, tokens >= 16 ? num_threads : 1);
+    return 0;
+}

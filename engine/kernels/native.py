@@ -1,0 +1,234 @@
+"""NativeKernels: the ctypes front of the compiled kernel library (build.py builds
+and loads it). Every method takes and returns CPU torch tensors and checks what the
+C code relies on; ctypes releases the GIL during each call."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ..cpu_threads import openmp_entry_points
+
+
+class NativeKernels:
+    """ctypes front of the compiled library; every method takes and returns torch
+    tensors on the CPU and checks what the C code relies on."""
+
+    def __init__(self, library: ctypes.CDLL, num_threads: int) -> None:
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        library.q4_gemm.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
+                                    pointer, ctypes.c_int]
+        library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
+                                    ctypes.c_int]
+        library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
+        library.q4_attention_block.argtypes = [
+            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, pointer,
+            pointer, pointer, pointer, pointer, pointer, pointer, size, size, size, size,
+            ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int]
+        library.q4_mlp_block.argtypes = [
+            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, size,
+            pointer, pointer, pointer, pointer, ctypes.c_int]
+        library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
+                                         pointer, pointer, pointer, size, pointer, ctypes.c_int]
+        self._per_thread = threading.local()
+        """torch_threaded and num_threads of the calling engine thread (engines on
+        other threads choose for themselves)."""
+        library.paged_decode_attention.argtypes = [
+            pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
+            ctypes.c_float, pointer, ctypes.c_int]
+        self._library = library
+        self._q4, self._q8 = library.q4_gemm, library.q8_gemm
+        self.max_threads = num_threads
+        library.silu_mul.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
+        library.rms_norm.argtypes = [pointer, size, size, pointer, ctypes.c_float, pointer,
+                                     ctypes.c_int, ctypes.c_int]
+        library.rope_store.argtypes = [pointer, size, size, size, size, pointer, pointer,
+                                       pointer, pointer, pointer, ctypes.c_int]
+        library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
+                                         pointer, ctypes.c_int]
+        library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
+        library.use_openmp_helpers.argtypes = [ctypes.c_int]
+        library.use_openmp_helpers.restype = ctypes.c_int
+        entry_points = openmp_entry_points()
+        if entry_points is not None:
+            library.set_openmp_runtime(*entry_points)
+
+    def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+             minima: torch.Tensor | None) -> torch.Tensor:
+        """x [rows, K] fp32 contiguous; kind "Q4_1" (codes [N, K/2] uint8, scales and
+        minima [N, K/32] fp32) or "Q8_0" (codes [N, K] int8, scales) -> y [rows, N].
+        Called ~120 times per decode step: kept to the bare calls."""
+        rows, in_features = x.shape
+        out_features = codes.shape[0]
+        y = torch.empty(rows, out_features, dtype=torch.float32)   # never the default dtype
+        if kind == "Q4_1":
+            status = self._q4(x.data_ptr(), rows, in_features, codes.data_ptr(),
+                              scales.data_ptr(), minima.data_ptr(), out_features,
+                              y.data_ptr(), self.num_threads)
+        else:
+            status = self._q8(x.data_ptr(), rows, in_features, codes.data_ptr(),
+                              scales.data_ptr(), out_features, y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
+        return y
+
+    @property
+    def num_threads(self) -> int:
+        """Parts each call is split into, on the calling thread."""
+        return getattr(self._per_thread, "num_threads", self.max_threads)
+
+    @num_threads.setter
+    def num_threads(self, value: int) -> None:
+        self._per_thread.num_threads = value
+
+    def set_torch_threaded(self, torch_threaded: bool) -> None:
+        """Whether torch runs its own threads between this thread's calls (large
+        steps). Its idle OpenMP helpers spin on the other cores then: our calls run
+        on that same team (torch's libgomp), as many parts as torch has threads, and
+        our own pool's helpers sleep at once. In single-threaded steps the pool
+        serves, its helpers spinning 2 ms between calls (see worker_pool.h).
+        Measured: one 32 x 9-head x 100-token paged attention call after a
+        two-thread torch matmul took 1.6 ms on the calling thread alone (torch's
+        spinning helper slows it) against 0.49 ms after nothing."""
+        if torch_threaded != getattr(self._per_thread, "torch_threaded", None):
+            self._library.set_helper_spin_ns(0 if torch_threaded else 2_000_000)
+            openmp = self._library.use_openmp_helpers(int(torch_threaded))
+            self.num_threads = (torch.get_num_threads() if openmp else 1) if torch_threaded \
+                else self.max_threads
+            self._per_thread.torch_threaded = torch_threaded
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] fp32 or bf16, contiguous (gate columns first) ->
+        silu(gate) * up [T, I] in the same dtype, computed in fp32 (activations.c)."""
+        if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.dim() != 2 \
+                or gate_up.shape[1] % 2 or gate_up.device.type != "cpu":
+            raise ValueError("silu_mul: gate_up must be a [T, 2I] CPU fp32 or bf16 tensor")
+        gate_up = gate_up.contiguous()
+        tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(tokens, inter, dtype=gate_up.dtype)
+        self._library.silu_mul(gate_up.data_ptr(), tokens, inter,
+                               int(gate_up.dtype == torch.bfloat16), out.data_ptr(),
+                               self.num_threads)
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """x [T, n] fp32 contiguous, weight [n] fp32 -> the RMSNorm [T, n] in fp32 or
+        bf16 (layer_ops.c). The caller guarantees CPU tensors of those dtypes."""
+        rows, n = x.shape
+        out = torch.empty(rows, n, dtype=out_dtype)
+        self._library.rms_norm(x.data_ptr(), rows, n, weight.data_ptr(), eps, out.data_ptr(),
+                               int(out_dtype == torch.bfloat16), self.num_threads)
+        return out
+
+    def rope_store(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                   slot_mapping: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Rotate the q and k heads of qkv [T, (H + 2 KVH) * D] in place and write each
+        token's k and v to its slot of the flat caches keys, values [slots, KVH, D]
+        (layer_ops.c). cos, sin [T, D]; slot_mapping [T] int64. The caller guarantees
+        contiguous CPU fp32 tensors (int64 slots)."""
+        kv_heads, dim = keys.shape[1], keys.shape[2]
+        if self._library.rope_store(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, dim,
+                                    cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
+                                    keys.data_ptr(), values.data_ptr(), self.num_threads):
+            raise ValueError(f"rope_store: head size {dim} must be even")
+
+    def rescore_head(self, approx: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                     candidates: int) -> torch.Tensor:
+        """approx [N, V] bf16 logits, hidden [N, H] fp32, weight [V, H] fp32 -> fp32
+        logits [N, V]: each row's `candidates` best recomputed exactly, every other
+        logit capped below them (head_rescore.c)."""
+        for name, tensor, dtype in (("approx", approx, torch.bfloat16),
+                                    ("hidden", hidden, torch.float32),
+                                    ("weight", weight, torch.float32)):
+            if tensor.dtype != dtype or tensor.dim() != 2 or tensor.device.type != "cpu":
+                raise ValueError(f"rescore_head: {name} must be a 2-D CPU {dtype} tensor")
+        approx, hidden, weight = approx.contiguous(), hidden.contiguous(), weight.contiguous()
+        rows, vocab = approx.shape
+        if hidden.shape[0] != rows or weight.shape != (vocab, hidden.shape[1]):
+            raise ValueError("rescore_head: approx [N, V], hidden [N, H], weight [V, H]")
+        logits = torch.empty(rows, vocab, dtype=torch.float32)
+        if self._library.rescore_head(approx.data_ptr(), hidden.data_ptr(), weight.data_ptr(),
+                                      rows, vocab, hidden.shape[1], candidates,
+                                      logits.data_ptr(), self.num_threads):
+            raise ValueError(f"rescore_head: candidates must be 1..min(vocab, 64), "
+                             f"got {candidates}")
+        return logits
+
+    def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
+                               values: torch.Tensor, slots: torch.Tensor,
+                               lengths: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [B, H, D] fp32; keys, values [num_slots, KVH, D] fp32 (the flat
+        cache); slots [B, L] long, row b valid on its first lengths[b] entries ->
+        out [B, H, D] (see paged_attention.c)."""
+        query, slots, lengths = query.contiguous(), slots.contiguous(), lengths.contiguous()
+        for name, tensor, dtype in (("query", query, torch.float32), ("keys", keys, torch.float32),
+                                    ("values", values, torch.float32), ("slots", slots, torch.int64),
+                                    ("lengths", lengths, torch.int64)):
+            if tensor.dtype != dtype or tensor.device.type != "cpu" or not tensor.is_contiguous():
+                raise ValueError(f"paged_decode_attention: {name} must be a contiguous CPU "
+                                 f"{dtype} tensor")
+        batch, heads, dim = query.shape
+        out = torch.empty(batch, heads, dim, dtype=torch.float32)
+        status = self._library.paged_decode_attention(
+            query.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
+            lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
+            out.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"paged_decode_attention failed ({status})")
+        return out
+
+    def gated_mlp(self, x: torch.Tensor, gate_up, down) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) in one call; x [rows, K] fp32 contiguous;
+        `gate_up` ([2I, K], gate rows first) and `down` ([N, I]) are Q4_1 BlockLinears
+        without bias -> [rows, N]."""
+        rows, in_features = x.shape
+        out_features = down.codes.shape[0]
+        y = torch.empty(rows, out_features, dtype=torch.float32)
+        status = self._library.q4_gated_mlp(
+            x.data_ptr(), rows, in_features, gate_up.codes.data_ptr(), gate_up.scales.data_ptr(),
+            gate_up.minima.data_ptr(), gate_up.codes.shape[0] // 2, down.codes.data_ptr(),
+            down.scales.data_ptr(), down.minima.data_ptr(), out_features, y.data_ptr(),
+            self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_gated_mlp failed ({status}) for K={in_features}")
+        return y
+
+    def attention_block(self, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tensor,
+                        sin: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
+                        values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                        heads: int, scale: float) -> torch.Tensor:
+        """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T
+        requests, writing their new K/V into the flat caches first (the attention half
+        of a Llama layer, paged_attention.c). x [T, hidden]; cos, sin [T, D]; the
+        projections are Q4_1 BlockLinears; the rest as in paged_decode_attention.
+        The caller guarantees fp32, CPU, contiguous tensors (FastDecodeLayer)."""
+        tokens, hidden = x.shape
+        kv_heads, dim = keys.shape[1], keys.shape[2]
+        y = torch.empty(tokens, hidden, dtype=torch.float32)
+        status = self._library.q4_attention_block(
+            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
+            qkv.codes.data_ptr(), qkv.scales.data_ptr(), qkv.minima.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), keys.data_ptr(),
+            values.data_ptr(), slots.data_ptr(), lengths.data_ptr(), slots.shape[1], heads,
+            kv_heads, dim, scale, o_proj.codes.data_ptr(), o_proj.scales.data_ptr(),
+            o_proj.minima.data_ptr(), y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_attention_block failed ({status})")
+        return y
+
+    def mlp_block(self, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
+        """x + down(silu(gate(h)) * up(h)), h = rms_norm(x): the MLP half of a Llama
+        layer in one call (block_gemm.c); same guarantees as attention_block."""
+        tokens, hidden = x.shape
+        y = torch.empty(tokens, hidden, dtype=torch.float32)
+        status = self._library.q4_mlp_block(
+            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
+            gate_up.codes.data_ptr(), gate_up.scales.data_ptr(), gate_up.minima.data_ptr(),
+            gate_up.codes.shape[0] // 2, down.codes.data_ptr(), down.scales.data_ptr(),
+            down.minima.data_ptr(), y.data_ptr(), self.num_threads)
+        if status:
+            raise RuntimeError(f"q4_mlp_block failed ({status})")
+        return y

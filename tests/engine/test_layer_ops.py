@@ -1,0 +1,52 @@
+"""The native elementwise layer ops (kernels/layer_ops.c) against torch: RoPE with the
+cache write equals the module path bit for bit; the RMSNorm equals torch's up to the
+order of its sum, and its bf16 output is its fp32 output rounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import load_native_kernels
+from engine.models.layers import apply_rotary
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = load_native_kernels()
+    assert built is not None, "a C compiler is part of this project's CI machine"
+    return built
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_rope_store_equals_apply_rotary_and_index_copy(kernels, tokens):
+    generator = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, dim, num_slots = 6, 2, 32, 100
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 4
+    angles = torch.rand(tokens, dim // 2, generator=generator) * 50
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    slots = torch.randperm(num_slots, generator=generator)[:tokens]
+    keys, values = torch.zeros(num_slots, kv_heads, dim), torch.zeros(num_slots, kv_heads, dim)
+
+    heads_view = qkv.view(tokens, heads + 2 * kv_heads, dim)
+    rotated = apply_rotary(heads_view[:, :heads + kv_heads], cos, sin)
+    want_keys, want_values = keys.clone(), values.clone()
+    want_keys[slots] = rotated[:, heads:]
+    want_values[slots] = heads_view[:, heads + kv_heads:]
+    want_q = rotated[:, :heads].clone()
+
+    kernels.rope_store(qkv, heads, cos, sin, slots, keys, values)
+    assert torch.equal(qkv.view(tokens, -1, dim)[:, :heads], want_q)
+    assert torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 576), (64, 576), (3, 40)])
+def test_rms_norm_matches_torch(kernels, rows, n):
+    generator = torch.Generator().manual_seed(rows + n)
+    x = torch.randn(rows, n, generator=generator) * 3
+    weight = torch.rand(n, generator=generator) + 0.5
+    got = kernels.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(got, F.rms_norm(x, (n,), weight, 1e-5), rtol=2e-6, atol=1e-6)
+    rounded = kernels.rms_norm(x, weight, 1e-5, torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
