@@ -69,7 +69,8 @@ class TorchPagedAttention:
         dtype = flat_keys.dtype
         kernels = _native_kernels(flat_keys)
         if kernels is not None and meta.decode_lengths is not None:
-            q = query[meta.decode_rows].to(dtype)                  # [B, H, D]
+            # decode-only steps: row d is request d, the query goes in as it is
+            q = (query if not meta.prefills else query[meta.decode_rows]).to(dtype)  # [B, H, D]
             return kernels.paged_decode_attention(q, flat_keys, flat_values, slots,
                                                   meta.decode_lengths, scale).to(query.dtype)
         if batch <= FUSED_DECODE_MAX_BATCH:

@@ -36,7 +36,7 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         library.paged_decode_attention.argtypes = [
-            pointer, pointer, pointer, pointer, pointer, size, size, size, size, size,
+            pointer, size, pointer, pointer, pointer, pointer, size, size, size, size, size,
             ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
@@ -160,22 +160,26 @@ class NativeKernels:
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,
                                lengths: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [B, H, D] fp32; keys, values [num_slots, KVH, D] fp32 (the flat
-        cache); slots [B, L] long, row b valid on its first lengths[b] entries ->
+        """query [B, H, D] fp32, each request's [H, D] contiguous (rows may be strided,
+        e.g. the q part of a fused qkv); keys, values [num_slots, KVH, D] fp32 (the
+        flat cache); slots [B, L] long, row b valid on its first lengths[b] entries ->
         out [B, H, D] (see paged_attention.c)."""
-        query, slots, lengths = query.contiguous(), slots.contiguous(), lengths.contiguous()
-        for name, tensor, dtype in (("query", query, torch.float32), ("keys", keys, torch.float32),
+        batch, heads, dim = query.shape
+        if query.stride(2) != 1 or query.stride(1) != dim:
+            query = query.contiguous()
+        slots, lengths = slots.contiguous(), lengths.contiguous()
+        for name, tensor, dtype in (("query", query.select(0, 0) if batch else query,
+                                     torch.float32), ("keys", keys, torch.float32),
                                     ("values", values, torch.float32), ("slots", slots, torch.int64),
                                     ("lengths", lengths, torch.int64)):
             if tensor.dtype != dtype or tensor.device.type != "cpu" or not tensor.is_contiguous():
                 raise ValueError(f"paged_decode_attention: {name} must be a contiguous CPU "
                                  f"{dtype} tensor")
-        batch, heads, dim = query.shape
         out = torch.empty(batch, heads, dim, dtype=torch.float32)
         status = self._library.paged_decode_attention(
-            query.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
-            lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
-            out.data_ptr(), self.num_threads)
+            query.data_ptr(), query.stride(0), keys.data_ptr(), values.data_ptr(),
+            slots.data_ptr(), lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1],
+            dim, scale, out.data_ptr(), self.num_threads)
         if status:
             raise RuntimeError(f"paged_decode_attention failed ({status})")
         return out

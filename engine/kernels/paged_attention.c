@@ -208,11 +208,13 @@ static int attention_run(const float *q, int64_t q_stride, const float *keys,
     return 0;
 }
 
-int paged_decode_attention(const float *q, const float *keys, const float *values,
-                           const int64_t *slots, const int64_t *lengths, int64_t batch,
-                           int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
-                           float scale, float *out, int num_threads) {
-    return attention_run(q, heads * dim, keys, values, slots, lengths, batch, width, heads,
+/* q: request b's [H, D] queries start at q + b * q_stride (a step's fused qkv rows
+ * serve as they are). */
+int paged_decode_attention(const float *q, int64_t q_stride, const float *keys,
+                           const float *values, const int64_t *slots, const int64_t *lengths,
+                           int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, float *out, int num_threads) {
+    return attention_run(q, q_stride, keys, values, slots, lengths, batch, width, heads,
                          kv_heads, dim, scale, out, num_threads);
 }
 

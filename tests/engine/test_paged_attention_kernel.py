@@ -70,6 +70,22 @@ def test_long_contexts_split_over_threads_merge_exactly(kernels, monkeypatch, di
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_query_rows_may_be_strided(kernels):
+    """A decode step hands over the q part of its fused qkv rows without a copy."""
+    generator = torch.Generator().manual_seed(3)
+    keys, values = torch.randn(64, 3, 64, generator=generator), torch.randn(64, 3, 64,
+                                                                           generator=generator)
+    fused = torch.randn(4, 9 + 2 * 3, 64, generator=generator)
+    query = fused[:, :9]                              # [4, 9, 64], rows 15 heads apart
+    slots, lengths = torch.randperm(64, generator=generator)[:40].view(4, 10), torch.tensor(
+        [10, 3, 7, 1])
+    strided = kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.125)
+    assert torch.equal(strided, kernels.paged_decode_attention(query.contiguous(), keys, values,
+                                                               slots, lengths, 0.125))
+    torch.testing.assert_close(strided, reference(query, keys, values, slots, lengths, 0.125),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_refuses_what_it_cannot_read(kernels):
     keys = torch.zeros(8, 1, 16)
     query = torch.zeros(1, 2, 16)
