@@ -22,11 +22,17 @@ TOPICS = ("the ocean", "a city at night", "learning to cook", "the history of ma
           "coffee", "a rainy market", "trains", "music and memory", "gardening", "chess")
 
 
+REQUESTS = ("Write a short paragraph about {}.", "Explain {} to a child.",
+            "List three facts about {}.", "Write a haiku about {}.")
+
+
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
+    """`count` chat prompts, all different up to 64 (16 topics x 4 requests)."""
     prompts = []
     for index in range(count):
         topic = TOPICS[index % len(TOPICS)]
-        messages = [{"role": "user", "content": f"Write a short paragraph about {topic}."}]
+        request = REQUESTS[index // len(TOPICS) % len(REQUESTS)]
+        messages = [{"role": "user", "content": request.format(topic)}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return prompts

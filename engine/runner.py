@@ -34,7 +34,8 @@ class ModelRunner:
         self.device = parameter.device
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
-        self.kv_dtype = kv_cache_dtype(self.device, self.dtype)
+        self.kv_dtype = kv_cache_dtype(self.device, self.dtype,
+                                       getattr(model, "kv_cache_dtype", None))
         self.sliding_window = getattr(model, "sliding_window", None)
         layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
         self.sliding_pool = bool(sizing.num_sliding_blocks)
@@ -61,7 +62,7 @@ class ModelRunner:
             # steps on the block kernels leave the other cores to the kernel's helpers
             self.small_step_tokens = max(SMALL_STEP_TOKENS, *kernel_rows)
         self.native_kernels = (load_native_kernels() if self.device.type == "cpu"
-                               and self.kv_dtype == torch.float32 else None)
+                               and self.kv_dtype in (torch.float32, torch.bfloat16) else None)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their

@@ -43,7 +43,7 @@ def load_engine_model(settings: ServerSettings) -> Any:
 
     model = load_model(settings.model, dtype=settings.dtype,
                        device=resolve_device(settings.device), progress=False,
-                       tp_size=settings.tp_size)
+                       tp_size=settings.tp_size, kv_cache_dtype=settings.kv_cache_dtype)
     if model.tokenizer is None:
         raise RuntimeError(f"model {settings.model!r} has no tokenizer; the server needs one")
     return model

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the fast CPU mode, closer to fp32 than bfloat16) "
                         "or int8-weights (int8 weights, bf16 activations: lowest latency for "
                         "a few streams, least accurate)")
+    add("--kv-cache-dtype", help="auto (bf16 with bf16-weights, else fp32 on CPU), float32 "
+                                 "or bfloat16")
     add("--device", help="auto, cpu, cuda or cuda:N")
     add("--tp-size", type=int, help="tensor-parallel processes (launch with torchrun "
                                      "--nproc-per-node TP_SIZE -m server ...)")

@@ -64,6 +64,10 @@ class ServerSettings(BaseModel):
     """Routes that need no API key even when keys are set."""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-weights",
                    "int8-weights"] = "float32"
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """KV cache element type: "auto" is bf16 with dtype bf16-weights, else fp32 on CPU
+    and the model's dtype on GPUs; bf16 holds twice the tokens and halves what decode
+    attention reads."""
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
     tp_size: int = Field(1, ge=1)

@@ -23,8 +23,8 @@ matmuls, which gather and multiply faster once the contexts are many."""
 
 
 def _native_kernels(flat_keys: torch.Tensor):
-    """The native decode-attention kernel for an fp32 cache on the CPU, else None."""
-    if flat_keys.dtype != torch.float32 or flat_keys.device.type != "cpu" \
+    """The native decode-attention kernel for an fp32 or bf16 cache on the CPU, else None."""
+    if flat_keys.dtype not in (torch.float32, torch.bfloat16) or flat_keys.device.type != "cpu" \
             or not flat_keys.is_contiguous():
         return None
     from ..kernels import default_kernels
@@ -70,7 +70,7 @@ class TorchPagedAttention:
         kernels = _native_kernels(flat_keys)
         if kernels is not None and meta.decode_lengths is not None:
             # decode-only steps: row d is request d, the query goes in as it is
-            q = (query if not meta.prefills else query[meta.decode_rows]).to(dtype)  # [B, H, D]
+            q = (query if not meta.prefills else query[meta.decode_rows]).float()  # [B, H, D]
             return kernels.paged_decode_attention(q, flat_keys, flat_values, slots,
                                                   meta.decode_lengths, scale).to(query.dtype)
         if batch <= FUSED_DECODE_MAX_BATCH:

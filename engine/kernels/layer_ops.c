@@ -7,7 +7,7 @@
  *
  * rope_store: qkv [T, (H + 2 KVH) * D] is one step's fused projection output. Its q
  * and k heads are rotated in place (rotate-half RoPE, the full head), then each
- * token's k and v are copied to its cache slot. The rotation is computed as torch's
+ * token's k and v are copied to its cache slot (fp32, or rounded to a bf16 cache). The rotation is computed as torch's
  * `x * cos + rotate_half(x) * sin`, each product rounded before the sum (no FMA), so it
  * equals the module path bit for bit.
  */
@@ -94,7 +94,8 @@ typedef struct {
     int64_t tokens, heads, kv_heads, dim;
     const float *cos, *sin;
     const int64_t *slot_mapping;
-    float *keys, *values;
+    void *keys, *values;     /* fp32, or bf16 when kv_bf16 */
+    int kv_bf16;
 } RopeJob;
 
 static void rope_part(const void *arg, int part, int parts) {
@@ -106,19 +107,20 @@ static void rope_part(const void *arg, int part, int parts) {
         rotate_heads(row, job->heads + job->kv_heads, dim, job->cos + t * dim,
                      job->sin + t * dim);
         const int64_t slot = job->slot_mapping[t];
-        memcpy(job->keys + slot * kv_size, row + job->heads * dim, sizeof(float) * kv_size);
-        memcpy(job->values + slot * kv_size, row + job->heads * dim + kv_size,
-               sizeof(float) * kv_size);
+        store_cached(job->keys, job->kv_bf16, slot * kv_size, row + job->heads * dim, kv_size);
+        store_cached(job->values, job->kv_bf16, slot * kv_size, row + job->heads * dim + kv_size,
+                     kv_size);
     }
 }
 
 /* Returns 0, or 1 for an odd head size. */
 int rope_store(float *qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
                const float *cos, const float *sin, const int64_t *slot_mapping,
-               float *keys, float *values, int num_threads) {
+               void *keys, void *values, int kv_bf16, int num_threads) {
     if (dim % 2) return 1;
     if (tokens <= 0) return 0;
-    RopeJob job = {qkv, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys, values};
+    RopeJob job = {qkv, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys, values,
+                   kv_bf16};
     run_parallel(rope_part, &job, tokens >= 16 ? num_threads : 1);
     return 0;
 }

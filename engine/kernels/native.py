@@ -25,8 +25,8 @@ class NativeKernels:
         library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
         library.q4_attention_block.argtypes = [
             pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, pointer,
-            pointer, pointer, pointer, pointer, pointer, pointer, size, size, size, size,
-            ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int]
+            pointer, pointer, pointer, pointer, ctypes.c_int, pointer, pointer, size, size,
+            size, size, ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int]
         library.q4_mlp_block.argtypes = [
             pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, size,
             pointer, pointer, pointer, pointer, ctypes.c_int]
@@ -36,8 +36,8 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         library.paged_decode_attention.argtypes = [
-            pointer, size, pointer, pointer, pointer, pointer, size, size, size, size, size,
-            ctypes.c_float, pointer, ctypes.c_int]
+            pointer, size, pointer, pointer, ctypes.c_int, pointer, pointer, size, size, size,
+            size, size, ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.max_threads = num_threads
@@ -45,7 +45,7 @@ class NativeKernels:
         library.rms_norm.argtypes = [pointer, size, size, pointer, ctypes.c_float, pointer,
                                      ctypes.c_int, ctypes.c_int]
         library.rope_store.argtypes = [pointer, size, size, size, size, pointer, pointer,
-                                       pointer, pointer, pointer, ctypes.c_int]
+                                       pointer, pointer, pointer, ctypes.c_int, ctypes.c_int]
         library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
                                          pointer, ctypes.c_int]
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
@@ -126,13 +126,14 @@ class NativeKernels:
     def rope_store(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
                    slot_mapping: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Rotate the q and k heads of qkv [T, (H + 2 KVH) * D] in place and write each
-        token's k and v to its slot of the flat caches keys, values [slots, KVH, D]
-        (layer_ops.c). cos, sin [T, D]; slot_mapping [T] int64. The caller guarantees
-        contiguous CPU fp32 tensors (int64 slots)."""
+        token's k and v to its slot of the flat caches keys, values [slots, KVH, D], fp32
+        or bf16 (layer_ops.c). cos, sin [T, D]; slot_mapping [T] int64. The caller
+        guarantees contiguous CPU tensors of those dtypes, qkv fp32."""
         kv_heads, dim = keys.shape[1], keys.shape[2]
         if self._library.rope_store(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, dim,
                                     cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
-                                    keys.data_ptr(), values.data_ptr(), self.num_threads):
+                                    keys.data_ptr(), values.data_ptr(),
+                                    int(keys.dtype == torch.bfloat16), self.num_threads):
             raise ValueError(f"rope_store: head size {dim} must be even")
 
     def rescore_head(self, approx: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
@@ -161,16 +162,17 @@ class NativeKernels:
                                values: torch.Tensor, slots: torch.Tensor,
                                lengths: torch.Tensor, scale: float) -> torch.Tensor:
         """query [B, H, D] fp32, each request's [H, D] contiguous (rows may be strided,
-        e.g. the q part of a fused qkv); keys, values [num_slots, KVH, D] fp32 (the
-        flat cache); slots [B, L] long, row b valid on its first lengths[b] entries ->
-        out [B, H, D] (see paged_attention.c)."""
+        e.g. the q part of a fused qkv); keys, values [num_slots, KVH, D] (the flat
+        cache), both fp32 or both bf16; slots [B, L] long, row b valid on its first
+        lengths[b] entries -> out [B, H, D] fp32 (see paged_attention.c)."""
         batch, heads, dim = query.shape
         if query.stride(2) != 1 or query.stride(1) != dim:
             query = query.contiguous()
         slots, lengths = slots.contiguous(), lengths.contiguous()
+        cache_dtype = keys.dtype if keys.dtype == torch.bfloat16 else torch.float32
         for name, tensor, dtype in (("query", query.select(0, 0) if batch else query,
-                                     torch.float32), ("keys", keys, torch.float32),
-                                    ("values", values, torch.float32), ("slots", slots, torch.int64),
+                                     torch.float32), ("keys", keys, cache_dtype),
+                                    ("values", values, cache_dtype), ("slots", slots, torch.int64),
                                     ("lengths", lengths, torch.int64)):
             if tensor.dtype != dtype or tensor.device.type != "cpu" or not tensor.is_contiguous():
                 raise ValueError(f"paged_decode_attention: {name} must be a contiguous CPU "
@@ -178,7 +180,7 @@ class NativeKernels:
         out = torch.empty(batch, heads, dim, dtype=torch.float32)
         status = self._library.paged_decode_attention(
             query.data_ptr(), query.stride(0), keys.data_ptr(), values.data_ptr(),
-            slots.data_ptr(), lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1],
+            int(cache_dtype == torch.bfloat16), slots.data_ptr(), lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1],
             dim, scale, out.data_ptr(), self.num_threads)
         if status:
             raise RuntimeError(f"paged_decode_attention failed ({status})")
@@ -216,7 +218,8 @@ class NativeKernels:
             x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
             qkv.codes.data_ptr(), qkv.scales.data_ptr(), qkv.minima.data_ptr(),
             cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), keys.data_ptr(),
-            values.data_ptr(), slots.data_ptr(), lengths.data_ptr(), slots.shape[1], heads,
+            values.data_ptr(), int(keys.dtype == torch.bfloat16), slots.data_ptr(),
+            lengths.data_ptr(), slots.shape[1], heads,
             kv_heads, dim, scale, o_proj.codes.data_ptr(), o_proj.scales.data_ptr(),
             o_proj.minima.data_ptr(), y.data_ptr(), self.num_threads)
         if status:

@@ -27,7 +27,9 @@
 #include "worker_pool.h"
 
 typedef struct {
-    const float *q, *keys, *values;
+    const float *q;
+    const void *keys, *values;  /* fp32, or bf16 when kv_bf16 */
+    int kv_bf16;
     const int64_t *slots, *lengths;
     int64_t batch, width, heads, kv_heads, dim;
     int64_t q_stride;        /* floats from one request's queries to the next's */
@@ -39,17 +41,14 @@ typedef struct {
     float *partials;         /* per work item: H * (D + 2): max, sum, unnormalised output */
 } AttentionJob;
 
-static float dot(const float *a, const float *b, int64_t n) {
-#ifdef __AVX512F__
-    if (n % 16 == 0) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-        return _mm512_reduce_add_ps(acc);
-    }
-#endif
+/* Element i of a cache of fp32 or bf16 values, as fp32 (the scalar path). */
+static inline float cached(const void *cache, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
+static float dot_cached(const float *a, const void *cache, int64_t start, int64_t n, int bf16) {
     float total = 0.0f;
-    for (int64_t i = 0; i < n; i++) total += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++) total += a[i] * cached(cache, start + i, bf16);
     return total;
 }
 
@@ -100,14 +99,15 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     const int64_t count = end - start, record = job->kv_heads * dim;
     const int64_t *row = job->slots + b * job->width + start;
     const float *q = job->q + b * job->q_stride;                        /* [H, D] */
-    const int vector = attention_vectors_apply(dim);
+    const int vector = attention_vectors_apply(dim), bf16 = job->kv_bf16;
     if (vector)
-        attention_scores_vector(q, job->keys, row, count, heads, job->kv_heads, dim,
+        attention_scores_vector(q, job->keys, bf16, row, count, heads, job->kv_heads, dim,
                                 job->scale, scores);
     for (int64_t l = 0; !vector && l < count; l++) {
-        const float *keys = job->keys + row[l] * record;                /* [KVH, D] */
-        for (int64_t hq = 0; hq < heads; hq++)
-            scores[hq * count + l] = dot(q + hq * dim, keys + (hq / group) * dim, dim) * job->scale;
+        for (int64_t hq = 0; hq < heads; hq++)              /* key record [KVH, D] */
+            scores[hq * count + l] = dot_cached(q + hq * dim, job->keys,
+                                                row[l] * record + (hq / group) * dim, dim,
+                                                bf16) * job->scale;
     }
     for (int64_t hq = 0; hq < heads; hq++) {
         float top;
@@ -117,15 +117,17 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
         if (!vector) memset(result + hq * (dim + 2) + 2, 0, sizeof(float) * dim);
     }
     if (vector) {
-        attention_values_vector(scores, job->values, row, count, heads, job->kv_heads, dim,
-                                result + 2, dim + 2);
+        attention_values_vector(scores, job->values, bf16, row, count, heads, job->kv_heads,
+                                dim, result + 2, dim + 2);
         return;
     }
     for (int64_t l = 0; l < count; l++) {
-        const float *values = job->values + row[l] * record;            /* [KVH, D] */
-        for (int64_t hq = 0; hq < heads; hq++)
-            add_scaled(scores[hq * count + l], values + (hq / group) * dim,
-                       result + hq * (dim + 2) + 2, dim);
+        for (int64_t hq = 0; hq < heads; hq++) {            /* value record [KVH, D] */
+            const int64_t start = row[l] * record + (hq / group) * dim;
+            float *out = result + hq * (dim + 2) + 2;
+            for (int64_t d = 0; d < dim; d++)
+                out[d] += scores[hq * count + l] * cached(job->values, start + d, bf16);
+        }
     }
 }
 
@@ -178,8 +180,9 @@ static int64_t choose_chunks(int64_t requests, int64_t longest, int parts) {
 
 /* Attention of `batch` requests whose queries start q_stride floats apart; out is
  * [batch, heads, dim]. Returns 0, or an error code (see paged_decode_attention). */
-static int attention_run(const float *q, int64_t q_stride, const float *keys,
-                         const float *values, const int64_t *slots, const int64_t *lengths,
+static int attention_run(const float *q, int64_t q_stride, const void *keys,
+                         const void *values, int kv_bf16, const int64_t *slots,
+                         const int64_t *lengths,
                          int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
                          int64_t dim, float scale, float *out, int num_threads) {
     if (batch <= 0) return 0;
@@ -199,8 +202,8 @@ static int attention_run(const float *q, int64_t q_stride, const float *keys,
         free(partials);
         return 2;
     }
-    AttentionJob job = {q, keys, values, slots, lengths, batch, width, heads, kv_heads, dim,
-                        q_stride, scale, out, chunks, span, scratch, partials};
+    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, batch, width, heads,
+                        kv_heads, dim, q_stride, scale, out, chunks, span, scratch, partials};
     run_parallel(attention_part, &job, parts);
     merge(&job);
     free(scratch);
@@ -210,12 +213,13 @@ static int attention_run(const float *q, int64_t q_stride, const float *keys,
 
 /* q: request b's [H, D] queries start at q + b * q_stride (a step's fused qkv rows
  * serve as they are). */
-int paged_decode_attention(const float *q, int64_t q_stride, const float *keys,
-                           const float *values, const int64_t *slots, const int64_t *lengths,
-                           int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
-                           int64_t dim, float scale, float *out, int num_threads) {
-    return attention_run(q, q_stride, keys, values, slots, lengths, batch, width, heads,
-                         kv_heads, dim, scale, out, num_threads);
+int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
+                           const void *values, int kv_bf16, const int64_t *slots,
+                           const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
+                           int64_t kv_heads, int64_t dim, float scale, float *out,
+                           int num_threads) {
+    return attention_run(q, q_stride, keys, values, kv_bf16, slots, lengths, batch, width,
+                         heads, kv_heads, dim, scale, out, num_threads);
 }
 
 /* ---- the attention half of a Llama decoder layer, for a decode step -------------- */
@@ -252,7 +256,7 @@ static void rotate(float *heads_row, int64_t count, int64_t dim, const float *co
 int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const float *norm_weight,
                        float eps, const uint8_t *qkv_q, const float *qkv_d, const float *qkv_m,
                        const float *cos, const float *sin, const int64_t *slot_mapping,
-                       float *keys, float *values, const int64_t *slots,
+                       void *keys, void *values, int kv_bf16, const int64_t *slots,
                        const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
                        int64_t dim, float scale, const uint8_t *o_q, const float *o_d,
                        const float *o_m, float *y, int num_threads) {
@@ -268,12 +272,12 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
         for (int64_t t = 0; !status && t < tokens; t++) {
             float *row = qkv + t * width_qkv;
             rotate(row, heads + kv_heads, dim, cos + t * dim, sin + t * dim);
-            memcpy(keys + slot_mapping[t] * kv_size, row + heads * dim, sizeof(float) * kv_size);
-            memcpy(values + slot_mapping[t] * kv_size, row + heads * dim + kv_size,
-                   sizeof(float) * kv_size);
+            store_cached(keys, kv_bf16, slot_mapping[t] * kv_size, row + heads * dim, kv_size);
+            store_cached(values, kv_bf16, slot_mapping[t] * kv_size, row + heads * dim + kv_size,
+                         kv_size);
         }
         if (!status)
-            status = attention_run(qkv, width_qkv, keys, values, slots, lengths, tokens, width,
+            status = attention_run(qkv, width_qkv, keys, values, kv_bf16, slots, lengths, tokens, width,
                                    heads, kv_heads, dim, scale, context, num_threads);
         if (!status)
             status = q4_gemm(context, tokens, heads * dim, o_q, o_d, o_m, hidden, y, num_threads);

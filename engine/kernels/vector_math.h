@@ -60,4 +60,20 @@ static inline __m512 exp16(__m512 x) {
 }
 #endif
 
+/* cache[start .. start + n) <- src as fp32, or rounded to bf16 when bf16 (a K/V
+ * cache's element type). */
+static inline void store_cached(void *cache, int bf16, int64_t start, const float *src,
+                                int64_t n) {
+    if (!bf16) {
+        memcpy((float *)cache + start, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *out = (uint16_t *)cache + start;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) store_bf16x16(out + i, _mm512_loadu_ps(src + i));
+#endif
+    for (; i < n; i++) out[i] = float_to_bf16(src[i]);
+}
+
 #endif

@@ -17,10 +17,13 @@ from __future__ import annotations
 import torch
 
 
-def kv_cache_dtype(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
-    """fp32 on CPU whatever the weights: gathers and the small attention matmuls run
-    faster in fp32 there (measured), and decode stays exact; the model's dtype on
-    accelerators."""
+def kv_cache_dtype(device: torch.device, model_dtype: torch.dtype,
+                   preferred: torch.dtype | None = None) -> torch.dtype:
+    """The model's `kv_cache_dtype` when it names one (load_model's option; dtype
+    bf16-weights asks for bf16: half the bytes for decode attention to stream), else
+    fp32 on CPU (decode stays exact) and the model's dtype on accelerators."""
+    if preferred is not None:
+        return preferred
     return torch.float32 if device.type == "cpu" else model_dtype
 
 

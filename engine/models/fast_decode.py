@@ -57,7 +57,8 @@ class FastDecodeLayer:
         if not (_step_fits(meta, cos, sin, attn.head_dim) and hidden.dim() == 2
                 and hidden.shape[0] == cos.shape[0] <= attn.qkv_proj.max_rows
                 and _is_cpu_fp32(hidden)
-                and key_cache.dtype == value_cache.dtype == torch.float32):
+                and key_cache.dtype == value_cache.dtype
+                and key_cache.dtype in (torch.float32, torch.bfloat16)):
             return None
         first, second = self.norms
         flat_keys = key_cache.view(-1, attn.num_kv_heads, attn.head_dim)

@@ -1,7 +1,8 @@
 """Reduced-precision weights for CPU serving.
 
-`bf16-weights`: bf16 weights in the compute-bound matmuls, fp32 everywhere else
-(embeddings, the residual stream, norms, attention, sampling).
+`bf16-weights`: bf16 weights in the compute-bound matmuls and a bf16 KV cache on
+CPU (decode attention streams half the bytes; its arithmetic stays fp32), fp32
+everywhere else (embeddings, the residual stream, norms, sampling).
 
 Each decoder projection casts its fp32 input to bf16, multiplies against bf16 weights
 (bf16 matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs) and returns fp32. On
@@ -108,7 +109,8 @@ class Bf16RescoredHead(nn.Module):
 def use_bf16_weights(model: nn.Module) -> nn.Module:
     """In place: every nn.Linear inside the decoder layers becomes a Bf16WeightLinear,
     every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
-    and the LM head is a Bf16RescoredHead. The embedding table stays fp32."""
+    the LM head is a Bf16RescoredHead, and the model asks for a bf16 KV cache. The
+    embedding table stays fp32."""
     from .block_weights import BF16_KERNEL_ROWS, BlockLinear
 
     for layer in model.layers:
@@ -123,6 +125,7 @@ def use_bf16_weights(model: nn.Module) -> nn.Module:
     if exact_head is not None:
         exact_head.max_rows = BF16_KERNEL_ROWS
     model.bf16_lm_head = Bf16RescoredHead(head, exact_head)
+    model.kv_cache_dtype = torch.bfloat16
     return model
 
 

@@ -50,3 +50,17 @@ def test_rms_norm_matches_torch(kernels, rows, n):
     torch.testing.assert_close(got, F.rms_norm(x, (n,), weight, 1e-5), rtol=2e-6, atol=1e-6)
     rounded = kernels.rms_norm(x, weight, 1e-5, torch.bfloat16)
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
+
+
+def test_rope_store_rounds_into_a_bf16_cache(kernels):
+    generator = torch.Generator().manual_seed(9)
+    heads, kv_heads, dim = 4, 2, 16
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=generator)
+    cos, sin = torch.ones(3, dim), torch.zeros(3, dim)        # the identity rotation
+    keys, values = torch.zeros(8, kv_heads, dim, dtype=torch.bfloat16), torch.zeros(
+        8, kv_heads, dim, dtype=torch.bfloat16)
+    slots = torch.tensor([5, 0, 2])
+    expected = qkv.view(3, -1, dim).clone()
+    kernels.rope_store(qkv, heads, cos, sin, slots, keys, values)
+    assert torch.equal(keys[slots], expected[:, heads:heads + kv_heads].bfloat16())
+    assert torch.equal(values[slots], expected[:, heads + kv_heads:].bfloat16())

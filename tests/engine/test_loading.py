@@ -67,7 +67,7 @@ def test_float32_cpu_models_multiply_weights_packed_for_onednn(tiny_models):
     torch.testing.assert_close(model.prompt_logits(ids), want, atol=1e-5, rtol=1e-4)
 
 
-def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
+def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models):
     from engine.models.mixed_precision import Bf16WeightLinear
 
     path, reference = tiny_models["qwen2"]                 # qkv bias, tied embeddings
@@ -84,6 +84,39 @@ def test_bf16_weights_mode_keeps_activations_and_cache_in_fp32(tiny_models):
     assert got.dtype == torch.float32
     assert (got - want).abs().max() < 0.05                 # close, not exact: bf16 weights
     assert (got - want).abs().max() > 0                    # and really rounded
+
+
+@pytest.mark.parametrize("dtype,option,expected", [
+    ("bf16-weights", "auto", torch.bfloat16), ("bf16-weights", "float32", torch.float32),
+    ("float32", "auto", torch.float32), ("float32", "bfloat16", torch.bfloat16)])
+def test_kv_cache_dtype_option(tiny_models, dtype, option, expected):
+    """The cache's element type follows load_model's kv_cache_dtype; a bf16 cache
+    changes a chunked prefill's logits (later chunks read the earlier ones' K/V from
+    it) by bf16's rounding only."""
+    from engine import ContinuousBatchingConfig, GenerationConfig
+    from engine.kv_cache.sizing import CacheSizing
+    from engine.runner import ModelRunner
+
+    path, _ = tiny_models["llama"]
+    model = load_model(path, dtype=dtype, progress=False, kv_cache_dtype=option)
+    runner = ModelRunner(model.module, CacheSizing(8, 16, 64, 4, 0), seed=0)
+    assert runner.cache.key_caches[0].dtype == runner.cache.value_caches[0].dtype == expected
+    runner.cache.release()
+    if option == "auto":
+        return
+    exact = load_model(path, dtype=dtype, progress=False, kv_cache_dtype="float32")
+    prompt = [[5, 9, 13, 17, 21, 40, 3, 8, 30, 2, 11, 7]]
+    chunked = ContinuousBatchingConfig(return_logprobs=True, max_batch_tokens=4)
+    first = GenerationConfig(max_new_tokens=1, eos_token_id=[])
+    got = list(model.generate_batch(prompt, first, chunked).values())[0].logprobs[0]
+    want = list(exact.generate_batch(prompt, first, chunked).values())[0].logprobs[0]
+    assert (got == want) == (expected == torch.float32)
+    assert abs(got - want) < 0.05
+
+
+def test_kv_cache_dtype_is_checked():
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        load_model("smollm2-135m-instruct", kv_cache_dtype="fp8")
 
 
 def test_int8_weights_mode_quantizes_projections_and_lm_head(tiny_models):

@@ -112,3 +112,21 @@ def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_pro
     outputs = model.generate_batch(prompts, GenerationConfig(max_new_tokens=8, eos_token_id=[]))
     assert [o.generated_tokens for o in outputs.values()] == [
         reference_greedy(reference, p, 8) for p in prompts]
+
+
+@pytest.mark.parametrize("dim", [64, 10])
+def test_bf16_cache_reads_as_its_fp32_values(kernels, dim):
+    """A bf16 cache (dtype bf16-weights) gives what the fp32 cache holding the same
+    rounded values gives: only the storage is narrower, the arithmetic is fp32."""
+    generator = torch.Generator().manual_seed(dim)
+    keys = torch.randn(300, 3, dim, generator=generator).bfloat16()
+    values = torch.randn(300, 3, dim, generator=generator).bfloat16()
+    query = torch.randn(4, 9, dim, generator=generator)
+    slots = torch.randperm(300, generator=generator)[:4 * 70].view(4, 70)
+    lengths = torch.tensor([70, 1, 40, 17])
+    got = kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.1)
+    widened = kernels.paged_decode_attention(query, keys.float(), values.float(), slots, lengths,
+                                             0.1)
+    torch.testing.assert_close(got, widened, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got, reference(query, keys.float(), values.float(), slots,
+                                              lengths, 0.1), rtol=1e-5, atol=1e-5)
