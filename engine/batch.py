@@ -98,7 +98,41 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
     )
     if decode_rows:
         meta = _with_decodes(meta, decode_rows, decode_tables, decode_spans, page_size, device)
+    if prefills and window is None:
+        meta = _with_step_queries(meta, batch, blocks_of, page_size, device)
     return meta
+
+
+def _with_step_queries(meta: AttentionMetadata, batch: ScheduledBatch,
+                       blocks_of: Callable[[RequestState], list[int]], page_size: int,
+                       device: torch.device) -> AttentionMetadata:
+    """Every row of the step as one query over its request's context (full attention
+    only): the native kernel then runs decodes and prefill chunks in one call."""
+    tables = [blocks_of(entry.request) for entry in batch.entries]
+    slots, _ = _context_slots(tables, [(0, entry.end) for entry in batch.entries], page_size,
+                              device)
+    rows = [index for index, entry in enumerate(batch.entries) for _ in range(entry.num_tokens)]
+    lengths = [position + 1 for entry in batch.entries for position in range(entry.start, entry.end)]
+    return replace(meta, step_kv_slots=slots,
+                   step_slot_rows=torch.tensor(rows, dtype=torch.long, device=device),
+                   step_lengths=torch.tensor(lengths, dtype=torch.long, device=device))
+
+
+def _context_slots(tables: list[list[int | None]], spans: list[tuple[int, int]],
+                   page_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots [N, L] of positions spans[n] = [first, end) of the requests holding block
+    tables[n] (Python touches blocks, not tokens), each row padded to the longest span
+    with its own last slot, and the mask [N, L] of the real ones."""
+    width = max(len(t) for t in tables)
+    table = torch.tensor([[b if b is not None else 0 for b in t] + [0] * (width - len(t))
+                          for t in tables], dtype=torch.long, device=device)      # [N, blocks]
+    first = torch.tensor([f for f, _ in spans], dtype=torch.long, device=device)[:, None]
+    end = torch.tensor([e for _, e in spans], dtype=torch.long, device=device)[:, None]
+    longest = int((end - first).max())
+    positions = first + torch.arange(longest, device=device)[None, :]            # [N, L]
+    mask = positions < end                                                       # [N, L]
+    positions = torch.minimum(positions, end - 1)
+    return table.gather(1, positions // page_size) * page_size + positions % page_size, mask
 
 
 def _prefill_slice(block_ids: list[int], page_size: int, row: int, start: int, end: int,
@@ -120,24 +154,14 @@ def _prefill_slice(block_ids: list[int], page_size: int, row: int, start: int, e
 def _with_decodes(meta: AttentionMetadata, rows: list[int], tables: list[list[int | None]],
                   spans: list[tuple[int, int]], page_size: int,
                   device: torch.device) -> AttentionMetadata:
-    """Context slots of the decode requests, computed with tensor ops from their block
-    tables (Python touches blocks, not tokens). Request d attends positions
+    """Context slots of the decode requests: request d attends positions
     spans[d] = [first_key, end); rows are padded to the longest span with the
     request's own last position, which the mask hides."""
-    width = max(len(t) for t in tables)
-    table = torch.tensor([[b if b is not None else 0 for b in t] + [0] * (width - len(t))
-                          for t in tables], dtype=torch.long, device=device)      # [D, blocks]
-    first = torch.tensor([f for f, _ in spans], dtype=torch.long, device=device)[:, None]
-    end = torch.tensor([e for _, e in spans], dtype=torch.long, device=device)[:, None]
-    longest = int((end - first).max())
-    positions = first + torch.arange(longest, device=device)[None, :]            # [D, L]
-    mask = positions < end                                                       # [D, L]
-    positions = torch.minimum(positions, end - 1)
-    slots = table.gather(1, positions // page_size) * page_size + positions % page_size
+    slots, mask = _context_slots(tables, spans, page_size, device)
     return replace(
         meta,
         decode_rows=torch.tensor(rows, dtype=torch.long, device=device),
         decode_kv_slots=slots,
         decode_mask=mask[:, None, None, :],       # [D, 1, 1, L]: broadcast over heads
-        decode_lengths=(end - first).view(-1),
+        decode_lengths=mask.sum(dim=1),
     )

@@ -54,3 +54,14 @@ class AttentionMetadata:
     decode_lengths: torch.Tensor | None = None
     """[D] long: how many leading entries of each decode_kv_slots row are real
     context (the rest is padding)."""
+    step_kv_slots: torch.Tensor | None = None
+    """Steps with prefill rows, full attention only: [R, L] long, the slots of each
+    request's context positions 0..end-1, padded like decode_kv_slots. With
+    step_slot_rows and step_lengths, every row of the step is one query of the native
+    attention kernel."""
+    step_slot_rows: torch.Tensor | None = None
+    """[T] long: the request (row of step_kv_slots) of each row of the step."""
+    step_lengths: torch.Tensor | None = None
+    """[T] long: the keys each row attends to: its position + 1 (causal).
+    Worked example: a request at rows 4..6 feeding positions 10..12 has step_slot_rows
+    [r, r, r] and step_lengths [11, 12, 13]."""

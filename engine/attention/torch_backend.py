@@ -1,10 +1,13 @@
 """Paged attention with plain torch ops: works on any device.
 
-Per layer: scatter the step's new K/V into the cache pages (one index_copy_), then
-- decode requests (one query each): on a CPU fp32 cache, the native kernel reads
-  their contexts in place (engine/kernels/paged_attention.c); otherwise they are
-  batched over their contexts gathered from the pages and padded to the longest,
-  with a padding mask (one SDPA call for a few requests, per-KV-head matmuls for many);
+Per layer: scatter the step's new K/V into the cache pages (one index_copy_), then,
+on a CPU fp32 or bf16 cache with the native kernels, one kernel call reads every
+row's context in place (engine/kernels/paged_attention.c): decode rows and, in full
+attention layers, the rows of prefill chunks too (query i of a chunk over its
+request's first start + i + 1 slots). Otherwise:
+- decode requests (one query each) are batched over their contexts gathered from the
+  pages and padded to the longest, with a padding mask (one SDPA call for a few
+  requests, per-KV-head matmuls for many);
 - each prefill chunk runs its own SDPA call: over its fresh K/V when it starts at
   position 0 (plain causal), else over its whole context gathered from the pages with
   a causal mask shifted by the tokens already cached.
@@ -46,6 +49,13 @@ class TorchPagedAttention:
 
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)
+        kernels = _native_kernels(flat_keys)
+        if kernels is not None and meta.step_kv_slots is not None:
+            # every row one query over its request's causal context: one call per layer
+            # for all prefill chunks and decodes (not an SDPA call per chunk)
+            return kernels.paged_decode_attention(
+                query.float(), flat_keys, flat_values, meta.step_kv_slots, meta.step_lengths,
+                scale, slot_rows=meta.step_slot_rows).to(query.dtype)
         output = torch.empty_like(query)                            # [T, H, D]
         if meta.decode_rows is not None:
             output[meta.decode_rows] = self._decode(query, flat_keys, flat_values, meta, scale)

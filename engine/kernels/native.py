@@ -36,8 +36,8 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         library.paged_decode_attention.argtypes = [
-            pointer, size, pointer, pointer, ctypes.c_int, pointer, pointer, size, size, size,
-            size, size, ctypes.c_float, pointer, ctypes.c_int]
+            pointer, size, pointer, pointer, ctypes.c_int, pointer, pointer, size, pointer,
+            size, size, size, size, size, ctypes.c_float, pointer, ctypes.c_int]
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.max_threads = num_threads
@@ -160,15 +160,23 @@ class NativeKernels:
 
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,
-                               lengths: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [B, H, D] fp32, each request's [H, D] contiguous (rows may be strided,
+                               lengths: torch.Tensor, scale: float,
+                               slot_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """query [B, H, D] fp32, each query's [H, D] contiguous (rows may be strided,
         e.g. the q part of a fused qkv); keys, values [num_slots, KVH, D] (the flat
-        cache), both fp32 or both bf16; slots [B, L] long, row b valid on its first
-        lengths[b] entries -> out [B, H, D] fp32 (see paged_attention.c)."""
+        cache), both fp32 or both bf16; slots [R, L] long; query b attends to the first
+        lengths[b] slots of row slot_rows[b] (row b without slot_rows) -> out [B, H, D]
+        fp32 (see paged_attention.c)."""
         batch, heads, dim = query.shape
         if query.stride(2) != 1 or query.stride(1) != dim:
             query = query.contiguous()
         slots, lengths = slots.contiguous(), lengths.contiguous()
+        if slot_rows is not None:
+            slot_rows = slot_rows.contiguous()
+            if slot_rows.dtype != torch.int64 or slot_rows.shape != (batch,):
+                raise ValueError("paged_decode_attention: slot_rows must be [B] int64")
+        elif slots.shape[0] != batch:
+            raise ValueError("paged_decode_attention: one slots row per query without slot_rows")
         cache_dtype = keys.dtype if keys.dtype == torch.bfloat16 else torch.float32
         for name, tensor, dtype in (("query", query.select(0, 0) if batch else query,
                                      torch.float32), ("keys", keys, cache_dtype),
@@ -180,8 +188,10 @@ class NativeKernels:
         out = torch.empty(batch, heads, dim, dtype=torch.float32)
         status = self._library.paged_decode_attention(
             query.data_ptr(), query.stride(0), keys.data_ptr(), values.data_ptr(),
-            int(cache_dtype == torch.bfloat16), slots.data_ptr(), lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1],
-            dim, scale, out.data_ptr(), self.num_threads)
+            int(cache_dtype == torch.bfloat16), slots.data_ptr(),
+            None if slot_rows is None else slot_rows.data_ptr(), slots.shape[0],
+            lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
+            out.data_ptr(), self.num_threads)
         if status:
             raise RuntimeError(f"paged_decode_attention failed ({status})")
         return out

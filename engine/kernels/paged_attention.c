@@ -31,6 +31,7 @@ typedef struct {
     const void *keys, *values;  /* fp32, or bf16 when kv_bf16 */
     int kv_bf16;
     const int64_t *slots, *lengths;
+    const int64_t *slot_rows; /* query b reads slots row slot_rows[b]; NULL: row b */
     int64_t batch, width, heads, kv_heads, dim;
     int64_t q_stride;        /* floats from one request's queries to the next's */
     float scale;
@@ -38,7 +39,8 @@ typedef struct {
     int64_t chunks;          /* context pieces per request */
     int64_t span;            /* the longest piece: ceil(longest context / chunks) */
     float *scratch;          /* per part: H * span scores */
-    float *partials;         /* per work item: H * (D + 2): max, sum, unnormalised output */
+    float *partials;         /* H * (D + 2) (max, sum, unnormalised output) per work item,
+                                or per part when chunks == 1 (finished in place) */
 } AttentionJob;
 
 /* Element i of a cache of fp32 or bf16 values, as fp32 (the scalar path). */
@@ -62,21 +64,30 @@ static float softmax_numerators(float *s, int64_t count, float *top) {
     float peak = -INFINITY, total = 0.0f;
     int64_t l = 0;
 #ifdef __AVX512F__
+    /* the last count % 16 scores by a masked step, not scalar expf: short contexts
+     * (a prefill chunk's first queries) are mostly tail */
+    const __mmask16 tail = (__mmask16)((1u << (count % 16)) - 1u);
     __m512 peaks = _mm512_set1_ps(-INFINITY);
     for (; l + 16 <= count; l += 16) peaks = _mm512_max_ps(peaks, _mm512_loadu_ps(s + l));
+    if (tail) peaks = _mm512_mask_max_ps(peaks, tail, peaks, _mm512_maskz_loadu_ps(tail, s + l));
     peak = _mm512_reduce_max_ps(peaks);
-#endif
-    for (; l < count; l++) peak = s[l] > peak ? s[l] : peak;
-    l = 0;
-#ifdef __AVX512F__
     const __m512 shift = _mm512_set1_ps(peak);
     __m512 sums = _mm512_setzero_ps();
-    for (; l + 16 <= count; l += 16) {
+    for (l = 0; l + 16 <= count; l += 16) {
         const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + l), shift));
         _mm512_storeu_ps(s + l, e);
         sums = _mm512_add_ps(sums, e);
     }
+    if (tail) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + l), shift));
+        _mm512_mask_storeu_ps(s + l, tail, e);
+        sums = _mm512_mask_add_ps(sums, tail, sums, e);
+        l = count;
+    }
     total = _mm512_reduce_add_ps(sums);
+#else
+    for (; l < count; l++) peak = s[l] > peak ? s[l] : peak;
+    l = 0;
 #endif
     for (; l < count; l++) {
         s[l] = expf(s[l] - peak);
@@ -97,7 +108,7 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
                          float *scores, float *result) {
     const int64_t heads = job->heads, group = heads / job->kv_heads, dim = job->dim;
     const int64_t count = end - start, record = job->kv_heads * dim;
-    const int64_t *row = job->slots + b * job->width + start;
+    const int64_t *row = job->slots + (job->slot_rows ? job->slot_rows[b] : b) * job->width + start;
     const float *q = job->q + b * job->q_stride;                        /* [H, D] */
     const int vector = attention_vectors_apply(dim), bf16 = job->kv_bf16;
     if (vector)
@@ -131,17 +142,32 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     }
 }
 
-/* Work items [items * part / parts, items * (part + 1) / parts): item i is chunk
- * i % chunks of request i / chunks. */
+/* Item i is chunk i % chunks of query i / chunks. Split contexts: part p takes items
+ * [items * p / parts, items * (p + 1) / parts). Whole ones: every parts-th item from p,
+ * which balances a prefill chunk's queries (query i reads i + 1 keys). */
 static void attention_part(const void *arg, int part, int parts) {
     const AttentionJob *job = arg;
-    const int64_t items = job->batch * job->chunks;
-    float *scores = job->scratch + (int64_t)part * job->heads * job->span;
-    for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
-        const int64_t b = item / job->chunks, chunk = item % job->chunks;
+    const int64_t items = job->batch * job->chunks, heads = job->heads, dim = job->dim;
+    float *scores = job->scratch + (int64_t)part * heads * job->span;
+    if (job->chunks > 1) {
+        for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
+            const int64_t b = item / job->chunks, chunk = item % job->chunks;
+            const int64_t length = job->lengths[b];
+            attend_range(job, b, length * chunk / job->chunks,
+                         length * (chunk + 1) / job->chunks, scores,
+                         job->partials + item * heads * (dim + 2));
+        }
+        return;
+    }
+    for (int64_t b = part; b < items; b += parts) {
         const int64_t length = job->lengths[b];
-        attend_range(job, b, length * chunk / job->chunks, length * (chunk + 1) / job->chunks,
-                     scores, job->partials + item * job->heads * (job->dim + 2));
+        float *result = job->partials + (int64_t)part * heads * (dim + 2);
+        attend_range(job, b, 0, length, scores, result);
+        for (int64_t hq = 0; hq < heads; hq++) {      /* one chunk: normalise in place */
+            const float *piece = result + hq * (dim + 2);
+            float *out = job->out + (b * heads + hq) * dim;
+            for (int64_t d = 0; d < dim; d++) out[d] = piece[2 + d] / piece[1];
+        }
     }
 }
 
@@ -182,7 +208,7 @@ static int64_t choose_chunks(int64_t requests, int64_t longest, int parts) {
  * [batch, heads, dim]. Returns 0, or an error code (see paged_decode_attention). */
 static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          const void *values, int kv_bf16, const int64_t *slots,
-                         const int64_t *lengths,
+                         const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
                          int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
                          int64_t dim, float scale, float *out, int num_threads) {
     if (batch <= 0) return 0;
@@ -190,36 +216,41 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++) {
         if (lengths[b] < 1 || lengths[b] > width) return 3;
+        if (slot_rows && (slot_rows[b] < 0 || slot_rows[b] >= num_rows)) return 4;
         longest = lengths[b] > longest ? lengths[b] : longest;
     }
     const int parts = num_threads < 1 ? 1 : num_threads;
     const int64_t chunks = choose_chunks(batch, longest, parts);
     const int64_t span = (longest + chunks - 1) / chunks;
     float *scratch = malloc(sizeof(float) * parts * heads * span);
-    float *partials = malloc(sizeof(float) * batch * chunks * heads * (dim + 2));
+    float *partials = malloc(sizeof(float) * (chunks > 1 ? batch * chunks : parts) * heads *
+                             (dim + 2));
     if (!scratch || !partials) {
         free(scratch);
         free(partials);
         return 2;
     }
-    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, batch, width, heads,
-                        kv_heads, dim, q_stride, scale, out, chunks, span, scratch, partials};
+    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, batch, width,
+                        heads, kv_heads, dim, q_stride, scale, out, chunks, span, scratch,
+                        partials};
     run_parallel(attention_part, &job, parts);
-    merge(&job);
+    if (chunks > 1) merge(&job);
     free(scratch);
     free(partials);
     return 0;
 }
 
-/* q: request b's [H, D] queries start at q + b * q_stride (a step's fused qkv rows
- * serve as they are). */
+/* q: query b's [H, D] start at q + b * q_stride (a step's fused qkv rows serve as they
+ * are). slot_rows (or NULL: row b) names the row of slots [num_rows, width] query b
+ * reads: the rows of one prefill chunk share their request's row, each with its own
+ * length (its position + 1), so a whole mixed step is one call. */
 int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
                            const void *values, int kv_bf16, const int64_t *slots,
-                           const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
-                           int64_t kv_heads, int64_t dim, float scale, float *out,
-                           int num_threads) {
-    return attention_run(q, q_stride, keys, values, kv_bf16, slots, lengths, batch, width,
-                         heads, kv_heads, dim, scale, out, num_threads);
+                           const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
+                           int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, float *out, int num_threads) {
+    return attention_run(q, q_stride, keys, values, kv_bf16, slots, slot_rows, num_rows,
+                         lengths, batch, width, heads, kv_heads, dim, scale, out, num_threads);
 }
 
 /* ---- the attention half of a Llama decoder layer, for a decode step -------------- */
@@ -277,8 +308,9 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
                          kv_size);
         }
         if (!status)
-            status = attention_run(qkv, width_qkv, keys, values, kv_bf16, slots, lengths, tokens, width,
-                                   heads, kv_heads, dim, scale, context, num_threads);
+            status = attention_run(qkv, width_qkv, keys, values, kv_bf16, slots, NULL, tokens,
+                                   lengths, tokens, width, heads, kv_heads, dim, scale, context,
+                                   num_threads);
         if (!status)
             status = q4_gemm(context, tokens, heads * dim, o_q, o_d, o_m, hidden, y, num_threads);
         for (int64_t i = 0; !status && i < tokens * hidden; i++) y[i] += x[i];

@@ -86,6 +86,28 @@ def test_query_rows_may_be_strided(kernels):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_rows_share_their_requests_slot_row(kernels, monkeypatch, threads):
+    """A mixed step as one call: query i of a prefill chunk starting at position s
+    attends to its request's first s + i + 1 slots (causal), decodes to all of theirs."""
+    monkeypatch.setattr(kernels, "num_threads", threads)
+    generator = torch.Generator().manual_seed(21)
+    keys = torch.randn(200, 3, 64, generator=generator)
+    values = torch.randn(200, 3, 64, generator=generator)
+    slots = torch.randperm(200, generator=generator)[:3 * 40].view(3, 40)
+    # request 0: chunk at positions 30..39; request 1: prompt 0..6; request 2: decode at 25
+    slot_rows = torch.tensor([0] * 10 + [1] * 7 + [2])
+    lengths = torch.tensor(list(range(31, 41)) + list(range(1, 8)) + [26])
+    query = torch.randn(18, 9, 64, generator=generator)
+    got = kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.125,
+                                         slot_rows=slot_rows)
+    want = reference(query, keys, values, slots[slot_rows], lengths, 0.125)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError):
+        kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.125,
+                                       slot_rows=slot_rows + 1)     # row 3 does not exist
+
+
 def test_kernel_refuses_what_it_cannot_read(kernels):
     keys = torch.zeros(8, 1, 16)
     query = torch.zeros(1, 2, 16)
