@@ -243,19 +243,3 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
     free(hsum);
     return status;
 }
-
-/* y = x + gated_mlp(rms_norm(x)): the MLP half of a Llama decoder layer. */
-int q4_mlp_block(const float *x, int64_t rows, int64_t k, const float *norm_weight, float eps,
-                 const uint8_t *gate_up_q, const float *gate_up_d, const float *gate_up_m,
-                 int64_t intermediate, const uint8_t *down_q, const float *down_d,
-                 const float *down_m, float *y, int num_threads) {
-    if (rows <= 0) return 0;
-    float *h = malloc(sizeof(float) * rows * k);
-    if (!h) return 2;
-    rms_norm_rows(x, rows, k, norm_weight, eps, h);
-    int status = q4_gated_mlp(h, rows, k, gate_up_q, gate_up_d, gate_up_m, intermediate,
-                              down_q, down_d, down_m, k, y, num_threads);
-    for (int64_t i = 0; !status && i < rows * k; i++) y[i] += x[i];
-    free(h);
-    return status;
-}

@@ -8,9 +8,28 @@
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads);
 
-/* paged_attention.c: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row. */
+/* block_gemm.c: y[rows, n] = down(silu(gate(x)) * up(x)) with gate_up [2I, k] (gate rows
+ * first) and down [n, I] in Q4_1 blocks. */
+int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
+                 const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
+                 const uint8_t *down_q, const float *down_d, const float *down_m, int64_t n,
+                 float *y, int num_threads);
+
+/* layer_ops.c: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row (this thread);
+ * RoPE on the q and k heads of qkv rows [first, last) and their k, v written to the
+ * cache slots (see layer_ops.c). */
 void rms_norm_rows(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
                    float *out);
+void rope_store_rows(float *qkv, int64_t first, int64_t last, int64_t heads, int64_t kv_heads,
+                     int64_t dim, const float *cos, const float *sin,
+                     const int64_t *slot_mapping, void *keys, void *values, int kv_bf16);
+
+/* paged_attention.c: decode attention over the paged cache (see there). */
+int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
+                           const void *values, int kv_bf16, const int64_t *slots,
+                           const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
+                           int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, float *out, int num_threads);
 
 /* attention_vectors.c: the AVX-512 passes of decode attention over one context range
  * (slots row[0 .. count)) of an fp32 or (kv_bf16) bf16 cache; attention_vectors_apply

@@ -42,27 +42,40 @@ static float sum_of_squares(const float *row, int64_t n) {
     return total;
 }
 
+void rms_norm_rows(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
+                   float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        const float inverse = 1.0f / sqrtf(sum_of_squares(row, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[r * n + i] = row[i] * inverse * weight[i];
+    }
+}
+
+static void rms_norm_rows_bf16(const float *x, int64_t rows, int64_t n, const float *weight,
+                               float eps, uint16_t *out) {
+    for (int64_t r = 0; r < rows; r++, out += n) {
+        const float *row = x + r * n;
+        const float inverse = 1.0f / sqrtf(sum_of_squares(row, n) / (float)n + eps);
+        int64_t i = 0;
+#ifdef __AVX512F__
+        const __m512 scale = _mm512_set1_ps(inverse);
+        for (; i + 16 <= n; i += 16)
+            store_bf16x16(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), scale),
+                                                 _mm512_loadu_ps(weight + i)));
+#endif
+        for (; i < n; i++) out[i] = float_to_bf16(row[i] * inverse * weight[i]);
+    }
+}
+
 static void norm_part(const void *arg, int part, int parts) {
     const NormJob *job = arg;
-    const int64_t n = job->n;
-    for (int64_t r = job->rows * part / parts; r < job->rows * (part + 1) / parts; r++) {
-        const float *row = job->x + r * n;
-        const float inverse = 1.0f / sqrtf(sum_of_squares(row, n) / (float)n + job->eps);
-        if (job->bf16) {
-            uint16_t *out = (uint16_t *)job->out + r * n;
-            int64_t i = 0;
-#ifdef __AVX512F__
-            const __m512 scale = _mm512_set1_ps(inverse);
-            for (; i + 16 <= n; i += 16)
-                store_bf16x16(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), scale),
-                                                     _mm512_loadu_ps(job->weight + i)));
-#endif
-            for (; i < n; i++) out[i] = float_to_bf16(row[i] * inverse * job->weight[i]);
-        } else {
-            float *out = (float *)job->out + r * n;
-            for (int64_t i = 0; i < n; i++) out[i] = row[i] * inverse * job->weight[i];
-        }
-    }
+    const int64_t first = job->rows * part / parts, last = job->rows * (part + 1) / parts;
+    if (job->bf16)
+        rms_norm_rows_bf16(job->x + first * job->n, last - first, job->n, job->weight, job->eps,
+                           (uint16_t *)job->out + first * job->n);
+    else
+        rms_norm_rows(job->x + first * job->n, last - first, job->n, job->weight, job->eps,
+                      (float *)job->out + first * job->n);
 }
 
 int rms_norm(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
@@ -98,19 +111,24 @@ typedef struct {
     int kv_bf16;
 } RopeJob;
 
-static void rope_part(const void *arg, int part, int parts) {
-    const RopeJob *job = arg;
-    const int64_t dim = job->dim, kv_size = job->kv_heads * dim;
-    const int64_t width = (job->heads + 2 * job->kv_heads) * dim;
-    for (int64_t t = job->tokens * part / parts; t < job->tokens * (part + 1) / parts; t++) {
-        float *row = job->qkv + t * width;
-        rotate_heads(row, job->heads + job->kv_heads, dim, job->cos + t * dim,
-                     job->sin + t * dim);
-        const int64_t slot = job->slot_mapping[t];
-        store_cached(job->keys, job->kv_bf16, slot * kv_size, row + job->heads * dim, kv_size);
-        store_cached(job->values, job->kv_bf16, slot * kv_size, row + job->heads * dim + kv_size,
+void rope_store_rows(float *qkv, int64_t first, int64_t last, int64_t heads, int64_t kv_heads,
+                     int64_t dim, const float *cos, const float *sin,
+                     const int64_t *slot_mapping, void *keys, void *values, int kv_bf16) {
+    const int64_t kv_size = kv_heads * dim, width = (heads + 2 * kv_heads) * dim;
+    for (int64_t t = first; t < last; t++) {
+        float *row = qkv + t * width;
+        rotate_heads(row, heads + kv_heads, dim, cos + t * dim, sin + t * dim);
+        store_cached(keys, kv_bf16, slot_mapping[t] * kv_size, row + heads * dim, kv_size);
+        store_cached(values, kv_bf16, slot_mapping[t] * kv_size, row + heads * dim + kv_size,
                      kv_size);
     }
+}
+
+static void rope_part(const void *arg, int part, int parts) {
+    const RopeJob *job = arg;
+    rope_store_rows(job->qkv, job->tokens * part / parts, job->tokens * (part + 1) / parts,
+                    job->heads, job->kv_heads, job->dim, job->cos, job->sin, job->slot_mapping,
+                    job->keys, job->values, job->kv_bf16);
 }
 
 /* Returns 0, or 1 for an odd head size. */
