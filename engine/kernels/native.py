@@ -218,7 +218,7 @@ class NativeKernels:
                         heads: int, scale: float) -> torch.Tensor:
         """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T
         requests, writing their new K/V into the flat caches first (the attention half
-        of a Llama layer, paged_attention.c). x [T, hidden]; cos, sin [T, D]; the
+        of a Llama layer, decode_layer.c). x [T, hidden]; cos, sin [T, D]; the
         projections are Q4_1 BlockLinears; the rest as in paged_decode_attention.
         The caller guarantees fp32, CPU, contiguous tensors (FastDecodeLayer)."""
         tokens, hidden = x.shape
@@ -238,7 +238,7 @@ class NativeKernels:
 
     def mlp_block(self, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
         """x + down(silu(gate(h)) * up(h)), h = rms_norm(x): the MLP half of a Llama
-        layer in one call (block_gemm.c); same guarantees as attention_block."""
+        layer in one call (decode_layer.c); same guarantees as attention_block."""
         tokens, hidden = x.shape
         y = torch.empty(tokens, hidden, dtype=torch.float32)
         status = self._library.q4_mlp_block(
