@@ -48,7 +48,7 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         logits = self._apply_penalties_and_bias(logits, requests)
 
-        token_ids = logits.argmax(dim=-1)
+        token_ids = greedy_picks(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if sample_rows:
             rows = torch.tensor(sample_rows, device=logits.device)
@@ -131,3 +131,15 @@ class Sampler:
         values, indices = values.tolist(), indices.tolist()
         return [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
                 if p.top_logprobs else None for i, p in enumerate(params)]
+
+
+def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1), through the native kernel for CPU fp32 rows (torch's
+    compares one value at a time: 1.3 ms of a 64-request step on two threads)."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.is_contiguous() and logits.shape[1] > 0):
+        from .kernels import default_kernels
+        kernels = default_kernels()
+        if kernels is not None:
+            return kernels.argmax(logits)
+    return logits.argmax(dim=-1)

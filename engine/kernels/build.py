@@ -2,7 +2,7 @@
 matrix products on GGUF weight blocks (block_gemm.c), decode attention over the paged
 cache (paged_attention.c, attention_vectors.c), a decoder layer's elementwise parts
 (layer_ops.c, activations.c), the fast decode layer's two halves (decode_layer.c) and
-the bf16 LM head's finish (head_rescore.c), sharing one pool of helper threads
+the bf16 LM head's finish (head_rescore.c), greedy picks (argmax.c), sharing one pool of helper threads
 (worker_pool.c).
 
 The C files are compiled once per machine with the system C compiler (`cc -O3
@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "paged_attention.c", "attention_vectors.c",
-                        "activations.c", "head_rescore.c", "layer_ops.c", "decode_layer.c",
-                        "worker_pool.c")]
+                        "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
+                        "decode_layer.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h")]
 _lock = threading.Lock()

@@ -46,6 +46,7 @@ class NativeKernels:
                                      ctypes.c_int, ctypes.c_int]
         library.rope_store.argtypes = [pointer, size, size, size, size, pointer, pointer,
                                        pointer, pointer, pointer, ctypes.c_int, ctypes.c_int]
+        library.argmax_rows.argtypes = [pointer, size, size, pointer, ctypes.c_int]
         library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
                                          pointer, ctypes.c_int]
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
@@ -135,6 +136,16 @@ class NativeKernels:
                                     keys.data_ptr(), values.data_ptr(),
                                     int(keys.dtype == torch.bfloat16), self.num_threads):
             raise ValueError(f"rope_store: head size {dim} must be even")
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [S, V] fp32 contiguous on the CPU -> [S] int64, torch.argmax(dim=-1)'s
+        picks (argmax.c)."""
+        rows, vocab = logits.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        if self._library.argmax_rows(logits.data_ptr(), rows, vocab, out.data_ptr(),
+                                     self.num_threads):
+            raise ValueError(f"argmax: rows of 1 .. 2^31 - 1 values, got {vocab}")
+        return out
 
     def rescore_head(self, approx: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                      candidates: int) -> torch.Tensor:
