@@ -52,6 +52,8 @@ def main(argv=None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="auto, float32 or bfloat16 (load_model's kv_cache_dtype)")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-requests-per-batch", type=int, default=None,
@@ -63,12 +65,14 @@ def main(argv=None) -> dict:
     reference = load_model(args.model, dtype="float32", progress=False, block_kernels=False)
     prompts = chat_prompts(reference.tokenizer, args.num_prompts)
     exact = [o.generated_tokens for o in reference.generate_batch(prompts, generation).values()]
-    fast_model = load_model(args.model, dtype=args.dtype, progress=False)
+    fast_model = load_model(args.model, dtype=args.dtype, progress=False,
+                       kv_cache_dtype=args.kv_cache_dtype)
     cb_config = ContinuousBatchingConfig(max_requests_per_batch=args.max_requests_per_batch)
     fast = [o.generated_tokens
             for o in fast_model.generate_batch(prompts, generation, cb_config).values()]
     prefixes = [agreeing_prefix(a, b) for a, b in zip(exact, fast)]
-    report = {"model": args.model, "dtype": args.dtype, "output_len": args.output_len,
+    report = {"model": args.model, "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
+              "output_len": args.output_len,
               "max_requests_per_batch": args.max_requests_per_batch,
               "identical_share": round(sum(p == args.output_len for p in prefixes) / len(prefixes), 3),
               "mean_agreeing_prefix": round(sum(prefixes) / len(prefixes), 1),

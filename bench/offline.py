@@ -82,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="auto, float32 or bfloat16 (load_model's kv_cache_dtype)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
@@ -103,7 +105,8 @@ def main(argv=None) -> dict:
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise SystemExit(f"unknown peers {sorted(unknown)}; choose from {PEERS}")
-    model = load_model(args.model, dtype=args.dtype, progress=False)
+    model = load_model(args.model, dtype=args.dtype, progress=False,
+                       kv_cache_dtype=args.kv_cache_dtype)
     prompts = make_prompts(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
     cb_config = {k: v for k, v in (("page_size", args.page_size),
                                    ("max_batch_tokens", args.max_batch_tokens)) if v}
@@ -136,7 +139,8 @@ def build_report(args, runs: dict, limits: dict) -> dict:
                          "output_tokens_per_s": round(rate, 1),
                          "kvserve_speedup": round(ours / rate, 2)}
     return {"workload": {k: getattr(args, k) for k in (
-                "model", "dtype", "num_prompts", "input_len", "output_len", "seed")},
+                "model", "dtype", "kv_cache_dtype", "num_prompts", "input_len", "output_len",
+                "seed")},
             "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
             "results": results}
 

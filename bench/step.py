@@ -17,6 +17,8 @@ import statistics
 import threading
 import time
 
+import torch
+
 from engine import load_model
 from engine.cpu_threads import release_openmp_pool
 from engine.generation_config import SamplingParams
@@ -48,6 +50,10 @@ def time_steps(model, batch: int, context: int, repeats: int) -> float:
     num_blocks = batch * blocks_needed(context + 1, PAGE_SIZE)
     sizing = CacheSizing(num_blocks, PAGE_SIZE, context + 1, batch, 0)
     runner = ModelRunner(model.module, sizing, seed=0)
+    for cache in runner.cache.key_caches + runner.cache.value_caches:
+        # written, as serving writes them: untouched pages would all read the kernel's
+        # one zero page from the CPU's caches, not the context from memory
+        cache.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
     scheduled = decode_batch(BlockAllocator(num_blocks), batch, context)
     times: list[float] = []
 
@@ -72,12 +78,15 @@ def main(argv=None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="auto, float32 or bfloat16 (load_model's kv_cache_dtype)")
     parser.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     parser.add_argument("--context", default="100", help="comma-separated context lengths")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    model = load_model(args.model, dtype=args.dtype, progress=False)
+    model = load_model(args.model, dtype=args.dtype, progress=False,
+                       kv_cache_dtype=args.kv_cache_dtype)
     native = os.environ.get("KVSERVE_NATIVE_KERNELS", "1") != "0"
     rows = []
     for context in (int(c) for c in args.context.split(",")):

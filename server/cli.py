@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--open-paths", nargs="*", metavar="PATH",
         help="routes reachable without a key (default /health /ready /metrics)")
     add("--dtype", help="auto, float32, bfloat16, float16, bf16-weights (bf16 weights in "
-                        "the compute-bound matmuls, fp32 activations and small decode steps: "
-                        "the fast CPU mode, closer to fp32 than bfloat16) "
+                        "the compute-bound matmuls and a bf16 KV cache, fp32 activations "
+                        "and small decode steps: the fast CPU mode, closer to fp32 than "
+                        "bfloat16) "
                         "or int8-weights (int8 weights, bf16 activations: lowest latency for "
                         "a few streams, least accurate)")
     add("--kv-cache-dtype", help="auto (bf16 with bf16-weights, else fp32 on CPU), float32 "
