@@ -55,7 +55,7 @@ class EngineLoop:
                 intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
                 dtype=kv_cache_dtype(model.device, model.dtype,
                                      getattr(module, "kv_cache_dtype", None)),
-                device=model.device,
+                activation_dtype=model.dtype, device=model.device,
                 logit_processing=logit_processing,
                 num_submitted=workload_hints.get("num_requests"),
                 num_sliding_layers=sum(layer_is_sliding) if pooled else 0,

@@ -61,8 +61,12 @@ class ModelRunner:
         if kernel_rows:
             # steps on the block kernels leave the other cores to the kernel's helpers
             self.small_step_tokens = max(SMALL_STEP_TOKENS, *kernel_rows)
-        self.native_kernels = (load_native_kernels() if self.device.type == "cpu"
-                               and self.kv_dtype in (torch.float32, torch.bfloat16) else None)
+        self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
+        self.step_queries = (self.native_kernels is not None
+                             and self.native_kernels.vector_attention(model.head_dim)
+                             and self.kv_dtype in (torch.float32, torch.bfloat16))
+        """Short prefill chunks run as per-row queries of the native attention kernel
+        (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -116,7 +120,7 @@ class ModelRunner:
         device = self.device if self.step_sync is None else torch.device("cpu")
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
-                                 self.has_full_layers)
+                                 self.has_full_layers, self.step_queries)
 
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:

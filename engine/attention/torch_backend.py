@@ -70,13 +70,14 @@ class TorchPagedAttention:
         else one SDPA call for a few requests; else batched matmuls over the gathered
         contexts, one pair per KV head. The G query heads sharing a KV head (GQA) form the rows of one
         matmul, so K/V are never repeated, and the strided per-head views of the
-        gathered K/V go to the matmul without a copy. Computed in the cache's dtype
-        (fp32 on CPU, where it gathers and multiplies faster than bf16)."""
+        gathered K/V go to the matmul without a copy. Computed in the wider of the
+        cache's and the query's dtypes: a bf16 cache under fp32 activations is widened
+        after the gather, so the arithmetic stays fp32 as with the kernel."""
         slots = meta.decode_kv_slots                                # [B, L]
         batch, length = slots.shape
         num_kv_heads, head_dim = flat_keys.shape[1], flat_keys.shape[2]
         group = query.shape[1] // num_kv_heads
-        dtype = flat_keys.dtype
+        dtype = torch.promote_types(flat_keys.dtype, query.dtype)
         kernels = _native_kernels(flat_keys)
         if kernels is not None and meta.decode_lengths is not None:
             # decode-only steps: row d is request d, the query goes in as it is
@@ -86,7 +87,7 @@ class TorchPagedAttention:
         if batch <= FUSED_DECODE_MAX_BATCH:
             return TorchPagedAttention._decode_fused(query, flat_keys, flat_values, meta, scale)
         q = query[meta.decode_rows].to(dtype).view(batch, num_kv_heads, group, head_dim)
-        k, v = _gather_contexts(flat_keys, flat_values, slots)     # [B, L, KVH, D] each
+        k, v = _gather_contexts(flat_keys, flat_values, slots, dtype)   # [B, L, KVH, D] each
         padding = ~meta.decode_mask.view(batch, 1, length)          # [B, 1, L]
         # head-major output: each bmm writes a contiguous [B, G, D] slab (a strided
         # `out` would send bmm down a slow per-batch path)
@@ -102,8 +103,9 @@ class TorchPagedAttention:
     def _decode_fused(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
         """Few decode requests: one SDPA call over the gathered contexts (per-op costs
         dominate here, and SDPA is one op where the per-head path is ~15)."""
-        q = query[meta.decode_rows].to(flat_keys.dtype).unsqueeze(2)   # [B, H, 1, D]
-        k, v = _gather_contexts(flat_keys, flat_values, meta.decode_kv_slots)  # [B, L, KVH, D]
+        dtype = torch.promote_types(flat_keys.dtype, query.dtype)
+        q = query[meta.decode_rows].to(dtype).unsqueeze(2)              # [B, H, 1, D]
+        k, v = _gather_contexts(flat_keys, flat_values, meta.decode_kv_slots, dtype)
         out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=meta.decode_mask, scale=scale,
                                              enable_gqa=True)       # [B, H, 1, D]
@@ -130,8 +132,9 @@ class TorchPagedAttention:
 
 
 def _gather_contexts(flat_keys: torch.Tensor, flat_values: torch.Tensor,
-                     slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values at `slots` [B, L] of the flat caches: [B, L, KVH, D] each."""
+                     slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values at `slots` [B, L] of the flat caches: [B, L, KVH, D] each, in
+    `dtype`."""
     shape = (*slots.shape, flat_keys.shape[1], flat_keys.shape[2])
-    return (flat_keys.index_select(0, slots.view(-1)).view(shape),
-            flat_values.index_select(0, slots.view(-1)).view(shape))
+    return (flat_keys.index_select(0, slots.view(-1)).view(shape).to(dtype),
+            flat_values.index_select(0, slots.view(-1)).view(shape).to(dtype))

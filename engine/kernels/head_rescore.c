@@ -10,6 +10,10 @@
  * So no uncorrected logit passes a recomputed one, and the greedy pick is fp32's
  * whenever fp32's best token is among the candidates.
  *
+ * NaN: a NaN bf16 logit is never a candidate and stays NaN in the output (torch's
+ * topk would rank it first and recompute it); the cap ignores a NaN exact logit.
+ * Either way such a row comes from a model that has already failed.
+ *
  * Step 1 keeps a sorted list of the best so far and compares 16 logits at a time
  * with its least member: after the first few hundred logits of a row almost none
  * pass, so the scan costs about one compare per 16 logits.

@@ -24,7 +24,21 @@ void rope_store_rows(float *qkv, int64_t first, int64_t last, int64_t heads, int
                      int64_t dim, const float *cos, const float *sin,
                      const int64_t *slot_mapping, void *keys, void *values, int kv_bf16);
 
-/* paged_attention.c: decode attention over the paged cache (see there). */
+/* Entry points called from Python (native.py), declared here so every definition is
+ * checked against one prototype. */
+int rms_norm(const float *x, int64_t rows, int64_t n, const float *weight, float eps,
+             void *out, int bf16, int num_threads);
+int rope_store(float *qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
+               const float *cos, const float *sin, const int64_t *slot_mapping,
+               void *keys, void *values, int64_t num_slots, int kv_bf16, int num_threads);
+int argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int num_threads);
+int rescore_head(const uint16_t *approx, const float *hidden, const float *weight,
+                 int64_t rows, int64_t vocab, int64_t hidden_size, int64_t candidates,
+                 float *logits, int num_threads);
+int silu_mul(const void *gate_up, int64_t tokens, int64_t inter, int bf16, void *out,
+             int num_threads);
+
+/* paged_attention.c: attention over the paged cache (see there). */
 int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
                            const void *values, int kv_bf16, const int64_t *slots,
                            const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,

@@ -45,8 +45,10 @@ class NativeKernels:
         library.rms_norm.argtypes = [pointer, size, size, pointer, ctypes.c_float, pointer,
                                      ctypes.c_int, ctypes.c_int]
         library.rope_store.argtypes = [pointer, size, size, size, size, pointer, pointer,
-                                       pointer, pointer, pointer, ctypes.c_int, ctypes.c_int]
+                                       pointer, pointer, pointer, size, ctypes.c_int,
+                                       ctypes.c_int]
         library.argmax_rows.argtypes = [pointer, size, size, pointer, ctypes.c_int]
+        library.attention_vectors_apply.argtypes = [size]
         library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
                                          pointer, ctypes.c_int]
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
@@ -131,11 +133,19 @@ class NativeKernels:
         or bf16 (layer_ops.c). cos, sin [T, D]; slot_mapping [T] int64. The caller
         guarantees contiguous CPU tensors of those dtypes, qkv fp32."""
         kv_heads, dim = keys.shape[1], keys.shape[2]
-        if self._library.rope_store(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, dim,
-                                    cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
-                                    keys.data_ptr(), values.data_ptr(),
-                                    int(keys.dtype == torch.bfloat16), self.num_threads):
-            raise ValueError(f"rope_store: head size {dim} must be even")
+        status = self._library.rope_store(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, dim,
+                                          cos.data_ptr(), sin.data_ptr(),
+                                          slot_mapping.data_ptr(), keys.data_ptr(),
+                                          values.data_ptr(), keys.shape[0],
+                                          int(keys.dtype == torch.bfloat16), self.num_threads)
+        if status:
+            raise ValueError(f"rope_store: head size {dim} must be even" if status == 1 else
+                             f"rope_store: slots must lie in [0, {keys.shape[0]})")
+
+    def vector_attention(self, head_dim: int) -> bool:
+        """Whether attention of this head size runs on the AVX-512 passes here (else
+        the kernel's scalar loops, slower than torch's SDPA for prefill chunks)."""
+        return bool(self._library.attention_vectors_apply(head_dim))
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [S, V] fp32 contiguous on the CPU -> [S] int64, torch.argmax(dim=-1)'s
@@ -182,6 +192,10 @@ class NativeKernels:
         if query.stride(2) != 1 or query.stride(1) != dim:
             query = query.contiguous()
         slots, lengths = slots.contiguous(), lengths.contiguous()
+        if (lengths.shape != (batch,) or keys.dim() != 3 or keys.shape[2] != dim
+                or values.shape != keys.shape or slots.dim() != 2):
+            raise ValueError("paged_decode_attention: query [B, H, D], keys and values "
+                             "[slots, KVH, D], slots [R, L], lengths [B]")
         if slot_rows is not None:
             slot_rows = slot_rows.contiguous()
             if slot_rows.dtype != torch.int64 or slot_rows.shape != (batch,):

@@ -1,14 +1,19 @@
-/* Decode attention read straight from the paged KV cache, in fp32.
+/* Attention read straight from the paged KV cache (fp32 or bf16 elements, fp32
+ * arithmetic), one query row at a time.
  *
- * Every decode request b has one query per head, q[b, H, D], and a context of
- * lengths[b] cache slots listed in slots[b, 0 .. lengths[b]-1] (padding after them is
- * never read). The caches are flat [num_slots, KVH, D]: slot s of KV head h starts at
- * (s * KVH + h) * D. Query heads h*G .. h*G+G-1 share KV head h (G = H / KVH, GQA).
+ * Every query b (a decode request, or one row of a prefill chunk) has one query per
+ * head, q[b, H, D], and a context of lengths[b] cache slots listed at the start of
+ * its row of slots: row b, or slot_rows[b] when the rows of one prefill chunk share
+ * their request's row (query i of a chunk starting at position s has length s + i + 1:
+ * causal). Padding after a context is never read. The caches are flat
+ * [num_slots, KVH, D]: slot s of KV head h starts at (s * KVH + h) * D. Query heads
+ * h*G .. h*G+G-1 share KV head h (G = H / KVH, GQA).
  *
- * For each request: scores of every query head against every context key, a softmax
+ * For each query: scores of every query head against every context key, a softmax
  * per query head, and the probability-weighted sum of the values, written to
- * out[b, H, D]. Keys and values are read in place, once per request: no gathered
- * copy of the context, no padded matmuls. Requests are split over `num_threads`
+ * out[b, H, D]. Keys and values are read in place, once per query (a prefill chunk's
+ * rows each re-read their request's context, mostly from the CPU's caches): no
+ * gathered copy of the context, no padded matmuls. Requests are split over `num_threads`
  * threads (worker_pool.h); when there are too few to keep the threads busy (one
  * request, long context), each context is cut into chunks whose partial softmaxes
  * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
@@ -134,10 +139,10 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     }
     for (int64_t l = 0; l < count; l++) {
         for (int64_t hq = 0; hq < heads; hq++) {            /* value record [KVH, D] */
-            const int64_t start = row[l] * record + (hq / group) * dim;
+            const int64_t first = row[l] * record + (hq / group) * dim;
             float *out = result + hq * (dim + 2) + 2;
             for (int64_t d = 0; d < dim; d++)
-                out[d] += scores[hq * count + l] * cached(job->values, start + d, bf16);
+                out[d] += scores[hq * count + l] * cached(job->values, first + d, bf16);
         }
     }
 }

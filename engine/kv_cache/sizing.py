@@ -57,9 +57,10 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
                    head_dim: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
                    device: torch.device, logit_processing: bool,
                    num_submitted: int | None = None, num_sliding_layers: int = 0,
-                   sliding_window: int | None = None, max_context: int | None = None
-                   ) -> CacheSizing:
-    """`num_sliding_layers` > 0 gives those layers a pool of their own: enough for
+                   sliding_window: int | None = None, max_context: int | None = None,
+                   activation_dtype: torch.dtype | None = None) -> CacheSizing:
+    """`dtype` is the cache's element type, `activation_dtype` (default: the same) the
+    model's activations'. `num_sliding_layers` > 0 gives those layers a pool of their own: enough for
     every request's window, within their share of memory. When every layer slides
     (Mistral), the full-attention blocks hold no memory and only count positions: a
     generous virtual pool (MAX_CONTEXT_FALLBACK tokens per request when the context is
@@ -72,7 +73,7 @@ def compute_sizing(config: ContinuousBatchingConfig, *, num_layers: int, num_kv_
     if device.type == "cpu" and config.max_memory_percent is None:
         budget = min(budget, CPU_DEFAULT_KV_CACHE_BYTES)
 
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = torch.empty((), dtype=activation_dtype or dtype).element_size()
     activation_bytes_per_token = (4 * hidden_size + 3 * intermediate_size) * element_size
     max_batch_tokens = config.max_batch_tokens
     if max_batch_tokens is None:

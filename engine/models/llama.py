@@ -95,9 +95,12 @@ def native_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """Whether this step's RoPE and cache write can be the native call: contiguous CPU
     fp32 tensors (the cache fp32 or bf16), the rotation over the whole head, and
     kernels built."""
-    return (qkv.dtype == cos.dtype == torch.float32 and key_cache.dtype == value_cache.dtype
-            and key_cache.dtype in (torch.float32, torch.bfloat16) and qkv.device.type == "cpu" and qkv.dim() == 2 and qkv.is_contiguous()
-            and cos.shape[-1] == key_cache.shape[-1] and cos.is_contiguous() and sin.is_contiguous()
+    return (qkv.dtype == cos.dtype == sin.dtype == torch.float32 and qkv.device.type == "cpu"
+            and qkv.dim() == 2 and qkv.is_contiguous()
+            and cos.shape == sin.shape == (qkv.shape[0], key_cache.shape[-1])
+            and cos.is_contiguous() and sin.is_contiguous()
+            and key_cache.dtype == value_cache.dtype
+            and key_cache.dtype in (torch.float32, torch.bfloat16)
             and key_cache.is_contiguous() and value_cache.is_contiguous()
             and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
             and default_kernels() is not None)

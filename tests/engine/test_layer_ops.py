@@ -52,6 +52,14 @@ def test_rms_norm_matches_torch(kernels, rows, n):
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
 
 
+def test_rope_store_refuses_slots_outside_the_cache(kernels):
+    qkv = torch.zeros(2, 4 * 16)
+    cache = torch.zeros(8, 1, 16)
+    with pytest.raises(ValueError, match="slots"):
+        kernels.rope_store(qkv, 2, torch.ones(2, 16), torch.zeros(2, 16), torch.tensor([3, 8]),
+                           cache, cache.clone())
+
+
 def test_rope_store_rounds_into_a_bf16_cache(kernels):
     generator = torch.Generator().manual_seed(9)
     heads, kv_heads, dim = 4, 2, 16

@@ -152,3 +152,25 @@ def test_bf16_cache_reads_as_its_fp32_values(kernels, dim):
     torch.testing.assert_close(got, widened, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got, reference(query, keys.float(), values.float(), slots,
                                               lengths, 0.1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
+def test_torch_decode_paths_widen_a_bf16_cache(tiny_models, monkeypatch, num_prompts):
+    """Without the kernel, a bf16 cache under fp32 activations is widened after the
+    gather: the torch paths give the kernel's logprobs up to fp32 rounding, where bf16
+    arithmetic would be off by ~1e-2."""
+    from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+    from engine.kernels import build
+    from tests.helpers import random_prompts
+
+    path, _ = tiny_models["llama"]
+    model = load_model(path, progress=False, kv_cache_dtype="bfloat16")
+    prompts = random_prompts(num_prompts, 5, 30, seed=num_prompts)
+    config = GenerationConfig(max_new_tokens=6, eos_token_id=[])
+    with_logprobs = ContinuousBatchingConfig(return_logprobs=True)
+    native = [o.logprobs for o in model.generate_batch(prompts, config, with_logprobs).values()]
+    monkeypatch.setattr(build, "_default", [None])     # as without a compiler
+    fallback = [o.logprobs for o in model.generate_batch(prompts, config,
+                                                         with_logprobs).values()]
+    for a, b in zip(native, fallback):
+        assert a == pytest.approx(b, abs=2e-5)

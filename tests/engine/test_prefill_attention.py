@@ -1,0 +1,75 @@
+"""Prefill chunks as per-row queries of the native attention kernel (one call per layer
+for a step's prefill chunks and decodes): transformers' greedy tokens and logits
+through it, chunked prefill included; long chunks keep their SDPA calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.attention.torch_backend import TorchPagedAttention
+from engine.batch import STEP_QUERY_MAX_PAIRS, build_step_inputs
+from engine.generation_config import SamplingParams
+from engine.requests import RequestState
+from engine.scheduler import ScheduledBatch, ScheduledRequest
+from tests.helpers import random_prompts, reference_greedy
+
+
+@pytest.fixture(scope="module")
+def head16(tmp_path_factory):
+    """A tiny Llama whose head size (16) runs on the kernel's vector path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(77)
+    config = LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False)
+    reference = LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-llama-head16")
+    reference.save_pretrained(path)
+    return load_model(path, progress=False), reference
+
+
+def test_greedy_tokens_and_logits_through_the_one_call_path(head16, monkeypatch):
+    model, reference = head16
+
+    def no_sdpa(*args, **kwargs):
+        raise AssertionError("a short prefill chunk took the SDPA path")
+
+    monkeypatch.setattr(TorchPagedAttention, "_prefill", staticmethod(no_sdpa))
+    prompts = random_prompts(5, 6, 40, seed=5)
+    # 24-token steps: prompts split into chunks that start past position 0 and share
+    # steps with other requests' decodes
+    chunked = ContinuousBatchingConfig(max_batch_tokens=24)
+    outputs = model.generate_batch(prompts, GenerationConfig(max_new_tokens=10, eos_token_id=[]),
+                                   chunked)
+    assert [o.generated_tokens for o in outputs.values()] == [
+        reference_greedy(reference, p, 10) for p in prompts]
+    ids = prompts[1]
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(model.prompt_logits(ids), want, atol=1e-5, rtol=1e-4)
+
+
+def _batch(lengths: list[int]) -> ScheduledBatch:
+    entries = []
+    for index, length in enumerate(lengths):
+        request = RequestState(f"r{index}", [5] * length, 4, (), SamplingParams())
+        request.block_ids = list(range(index * 40, index * 40 + 40))
+        entries.append(ScheduledRequest(request, 0, length, True))
+    return ScheduledBatch(entries, [])
+
+
+def test_long_chunks_keep_sdpa_and_short_ones_share_one_call():
+    cpu = torch.device("cpu")
+    short = build_step_inputs(_batch([20, 7, 33]), 16, cpu, step_queries=True).meta
+    assert short.step_slot_rows.tolist() == [0] * 20 + [1] * 7 + [2] * 33
+    assert short.step_lengths.tolist() == (list(range(1, 21)) + list(range(1, 8))
+                                           + list(range(1, 34)))
+    assert short.step_kv_slots.shape == (3, 33)
+    long_prompt = int((2 * STEP_QUERY_MAX_PAIRS) ** 0.5) + 1       # its pairs pass the bound
+    assert build_step_inputs(_batch([long_prompt]), 16, cpu,
+                             step_queries=True).meta.step_kv_slots is None
+    assert build_step_inputs(_batch([20]), 16, cpu).meta.step_kv_slots is None
