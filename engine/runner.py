@@ -59,8 +59,10 @@ class ModelRunner:
         self.small_step_tokens = SMALL_STEP_TOKENS
         kernel_rows = [m.max_rows for m in model.layers.modules() if isinstance(m, BlockLinear)]
         if kernel_rows:
-            # steps on the block kernels leave the other cores to the kernel's helpers
-            self.small_step_tokens = max(SMALL_STEP_TOKENS, *kernel_rows)
+            # steps on the block kernels leave the other cores to the kernel's helpers;
+            # larger ones run the packed dense matmuls, on every thread (bf16-weights'
+            # 6-8 row steps: 21-25 ms on two threads against ~31 on one)
+            self.small_step_tokens = max(kernel_rows)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
                              and self.native_kernels.vector_attention(model.head_dim)

@@ -36,9 +36,10 @@ weights' bytes dominate); past it arithmetic dominates and the dense matmul on t
 oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms."""
-BF16_KERNEL_ROWS = 8
-"""The same crossover when the dense weights are bf16 (dtype bf16-weights): kernels
-vs packed bf16 dense at 8 rows 33 vs 63 ms, 12 rows 48 vs 39 ms."""
+BF16_KERNEL_ROWS = 5
+"""The same crossover when the dense weights are bf16 (dtype bf16-weights), whole
+decode steps at context 100, kernels vs packed bf16 dense on two threads: 4 rows 17
+vs 26 ms, 6 rows 22 vs 21 ms, 8 rows 29-31 vs 22-25 ms."""
 _BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
 
 
