@@ -5,7 +5,10 @@ included), timed on a worker thread as the engine thread runs it.
     python -m bench.step --batch 1,8,32 --context 100,1000 --json step.json
 
 It isolates what a decode step costs (the inter-token latency floor at concurrency
-B) from prefill and HTTP. Run it twice, with KVSERVE_NATIVE_KERNELS=0 the second
+B) from prefill and HTTP, and shows each step against this machine's limits measured
+in the same run (bench/bounds.py): the time to read the step's weight bytes at the
+copy bandwidth (the bound of small steps) and its matmul GFLOP/s against torch's
+at 64 rows in the dtype large steps multiply in (the bound of large ones). Run it twice, with KVSERVE_NATIVE_KERNELS=0 the second
 time, to compare the native kernels with torch's ops side by side.
 """
 
@@ -28,6 +31,8 @@ from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 
+from .bounds import matmul_flops_per_row, weight_bytes_per_step
+from .machine import measure
 from .report import write_json
 
 PAGE_SIZE = 16
@@ -88,17 +93,38 @@ def main(argv=None) -> dict:
     model = load_model(args.model, dtype=args.dtype, progress=False,
                        kv_cache_dtype=args.kv_cache_dtype)
     native = os.environ.get("KVSERVE_NATIVE_KERNELS", "1") != "0"
+    limits = measure(model.config.hidden_size, model.config.intermediate_size)
+    dense = "bfloat16" if args.dtype in ("bf16-weights", "bfloat16", "int8-weights") else "float32"
+    matmul_rate = limits[f"matmul_{dense}_m64_gflops"]
     rows = []
     for context in (int(c) for c in args.context.split(",")):
         for batch in (int(b) for b in args.batch.split(",")):
             seconds = time_steps(model, batch, context, args.repeats)
-            rows.append({"batch": batch, "context": context, "step_ms": round(seconds * 1e3, 2),
-                         "tokens_per_s": round(batch / seconds, 1)})
+            rows.append(step_row(model.module, batch, context, seconds, limits, matmul_rate))
+            row = rows[-1]
             print(f"batch {batch:4d}  context {context:6d}  step {seconds * 1e3:8.2f} ms  "
-                  f"{batch / seconds:8.1f} tok/s")
-    report = {"model": args.model, "dtype": args.dtype, "native_kernels": native, "steps": rows}
+                  f"{batch / seconds:8.1f} tok/s  weights {row['weight_mb']:7.1f} MB "
+                  f"({row['bandwidth_fraction']:.0%} of bandwidth)  {row['matmul_gflops']:6.1f} "
+                  f"GFLOP/s ({row['matmul_fraction']:.0%} of {dense} matmul)")
+    report = {"model": args.model, "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
+              "native_kernels": native, "machine": limits, "steps": rows}
     write_json(args.json, report)
     return report
+
+
+def step_row(module, batch: int, context: int, seconds: float, limits: dict,
+             matmul_rate: float) -> dict:
+    """One measured step and its fractions of the machine's limits."""
+    weight_bytes = weight_bytes_per_step(module, batch)
+    bandwidth_bound = weight_bytes / (limits["copy_bandwidth_gbs"] * 1e9)
+    gflops = matmul_flops_per_row(module) * batch / seconds / 1e9
+    return {"batch": batch, "context": context, "step_ms": round(seconds * 1e3, 2),
+            "tokens_per_s": round(batch / seconds, 1),
+            "weight_mb": round(weight_bytes / 1e6, 1),
+            "bandwidth_bound_ms": round(bandwidth_bound * 1e3, 2),
+            "bandwidth_fraction": round(bandwidth_bound / seconds, 3),
+            "matmul_gflops": round(gflops, 1),
+            "matmul_fraction": round(gflops / matmul_rate, 3)}
 
 
 if __name__ == "__main__":

@@ -16,3 +16,20 @@ def test_step_benchmark_reports_each_combination(tiny_models, tmp_path):
         assert row["step_ms"] > 0
         assert abs(row["tokens_per_s"] - row["batch"] / row["step_ms"] * 1000) < 0.2 * row["tokens_per_s"]
     assert report["native_kernels"] is True
+    assert report["machine"]["copy_bandwidth_gbs"] > 0
+    for row in report["steps"]:      # fractions of the limits measured in the same run
+        assert row["weight_mb"] > 0 and 0 < row["bandwidth_fraction"] < 5
+        assert abs(row["bandwidth_fraction"] - row["bandwidth_bound_ms"] / row["step_ms"]) < 0.01
+        assert 0 < row["matmul_fraction"] < 5
+
+
+def test_weight_bytes_follow_the_path_a_step_takes():
+    """The default model's 1-row step reads the GGUF blocks (~5 and ~9 bits per
+    weight), a 64-row step the packed fp32 weights: about 4-6x the bytes."""
+    from bench.bounds import matmul_flops_per_row, weight_bytes_per_step
+    from engine import load_model
+
+    module = load_model("smollm2-135m-instruct", progress=False).module
+    small, large = weight_bytes_per_step(module, 1), weight_bytes_per_step(module, 64)
+    assert 60e6 < small < 130e6 and 3.5 < large / small < 6.5
+    assert 2 * 130e6 < matmul_flops_per_row(module) < 2 * 140e6
