@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     prompts = chat_prompts(reference.tokenizer, args.num_prompts)
     exact = [o.generated_tokens for o in reference.generate_batch(prompts, generation).values()]
     fast_model = load_model(args.model, dtype=args.dtype, progress=False,
-                       kv_cache_dtype=args.kv_cache_dtype)
+                            kv_cache_dtype=args.kv_cache_dtype)
     cb_config = ContinuousBatchingConfig(max_requests_per_batch=args.max_requests_per_batch)
     fast = [o.generated_tokens
             for o in fast_model.generate_batch(prompts, generation, cb_config).values()]

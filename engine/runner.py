@@ -65,8 +65,7 @@ class ModelRunner:
             self.small_step_tokens = max(kernel_rows)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
-                             and self.native_kernels.vector_attention(model.head_dim)
-                             and self.kv_dtype in (torch.float32, torch.bfloat16))
+                             and self.native_kernels.vector_attention(model.head_dim))
         """Short prefill chunks run as per-row queries of the native attention kernel
         (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
 

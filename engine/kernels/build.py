@@ -1,9 +1,9 @@
 """Build and load the engine's native CPU kernels (their Python front is native.py):
 matrix products on GGUF weight blocks (block_gemm.c), decode attention over the paged
 cache (paged_attention.c, attention_vectors.c), a decoder layer's elementwise parts
-(layer_ops.c, activations.c), the fast decode layer's two halves (decode_layer.c) and
-the bf16 LM head's finish (head_rescore.c), greedy picks (argmax.c), sharing one pool of helper threads
-(worker_pool.c).
+(layer_ops.c, activations.c), the fast decode layer's two halves (decode_layer.c), the
+bf16 LM head's finish (head_rescore.c) and greedy picks (argmax.c), sharing one pool
+of helper threads (worker_pool.c).
 
 The C files are compiled once per machine with the system C compiler (`cc -O3
 -march=native -pthread`) into one library under `<cache>/kernels/`, keyed by the

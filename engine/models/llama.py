@@ -65,7 +65,8 @@ class Attention(nn.Module):
             meta = meta.sliding
         qkv = self.qkv_proj(hidden)
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        key_cache, value_cache = kv_cache.key_caches[self.layer_idx], kv_cache.value_caches[self.layer_idx]
+        key_cache = kv_cache.key_caches[self.layer_idx]
+        value_cache = kv_cache.value_caches[self.layer_idx]
         if self.q_norm is None and native_rope_fits(qkv, cos, sin, key_cache, value_cache, meta):
             # one native call rotates q and k in place and writes k, v to the cache
             default_kernels().rope_store(qkv, heads, cos, sin, meta.slot_mapping,

@@ -77,8 +77,8 @@ class Bf16RescoredHead(nn.Module):
                              persistent=False)
         self.exact_head = exact_head
         self.packed = None
-        from ..kernels import load_native_kernels
-        self.kernels = load_native_kernels()
+        from ..kernels import default_kernels
+        self.kernels = default_kernels()
         """Native finish of the large steps (kernels/head_rescore.c), or None."""
 
     def pack_dense(self) -> bool:
