@@ -38,16 +38,18 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict) -> tuple[float
     config = ContinuousBatchingConfig(**cb_config)
     model.generate_batch(prompts[:2], GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
     started = time.perf_counter()
-    outputs = model.generate_batch(prompts, generation, config)
+    # the process is warm: no dummy prefill inside the timing (CUDA graphs, where there
+    # are any, are recorded on the first step of each batch size, inside it)
+    outputs = model.generate_batch(prompts, generation, config, warmup=False)
     seconds = time.perf_counter() - started
     return seconds, sum(len(o.generated_tokens) for o in outputs.values())
 
 
-def load_reference(spec: str, dtype: torch.dtype):
+def load_reference(spec: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        str(resolve_model_dir(spec)), dtype=dtype, attn_implementation="sdpa").eval()
+        str(resolve_model_dir(spec)), dtype=dtype, attn_implementation="sdpa").to(device).eval()
 
 
 def run_transformers_cb(reference, prompts, output_len: int) -> tuple[float, int]:
@@ -65,7 +67,7 @@ def run_transformers_cb(reference, prompts, output_len: int) -> tuple[float, int
 @torch.inference_mode()
 def run_transformers_static(reference, prompts, output_len: int, batch_size: int) -> tuple[float, int]:
     def generate(batch):
-        ids = torch.tensor(batch)            # equal lengths: no padding needed
+        ids = torch.tensor(batch, device=reference.device)   # equal lengths: no padding
         out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=output_len, min_new_tokens=output_len,
                                  pad_token_id=0)
@@ -88,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
+                        help="use_cuda_graph: auto (None), on (True) or off (False)")
     parser.add_argument("--page-size", type=int, default=None)
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--peers", default="",
@@ -105,15 +110,17 @@ def main(argv=None) -> dict:
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise SystemExit(f"unknown peers {sorted(unknown)}; choose from {PEERS}")
-    model = load_model(args.model, dtype=args.dtype, progress=False,
+    model = load_model(args.model, dtype=args.dtype, device=args.device, progress=False,
                        kv_cache_dtype=args.kv_cache_dtype)
     prompts = make_prompts(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
     cb_config = {k: v for k, v in (("page_size", args.page_size),
                                    ("max_batch_tokens", args.max_batch_tokens)) if v}
+    if args.cuda_graph != "auto":
+        cb_config["use_cuda_graph"] = args.cuda_graph == "on"
     limits = measure(model.config.hidden_size, model.config.intermediate_size)
     runs = {"kvserve": run_kvserve(model, prompts, args.output_len, cb_config)}
     if peers:
-        reference = load_reference(args.model, model.dtype)
+        reference = load_reference(args.model, model.dtype, model.device)
         if "transformers-cb" in peers:
             runs["transformers-cb"] = run_transformers_cb(reference, prompts, args.output_len)
         if "transformers-static" in peers:
@@ -139,8 +146,8 @@ def build_report(args, runs: dict, limits: dict) -> dict:
                          "output_tokens_per_s": round(rate, 1),
                          "kvserve_speedup": round(ours / rate, 2)}
     return {"workload": {k: getattr(args, k) for k in (
-                "model", "dtype", "kv_cache_dtype", "num_prompts", "input_len", "output_len",
-                "seed")},
+                "model", "dtype", "kv_cache_dtype", "device", "cuda_graph", "num_prompts",
+                "input_len", "output_len", "seed")},
             "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
             "results": results}
 

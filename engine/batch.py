@@ -44,11 +44,15 @@ against 144 ms (SDPA's blocked matmuls win once the chunks are long)."""
 def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.device,
                       sliding_window: int | None = None,
                       sliding_blocks: Callable[[RequestState], list[int]] | None = None,
-                      full_layers: bool = True, step_queries: bool = False) -> StepInputs:
+                      full_layers: bool = True, step_queries: bool = False,
+                      paged_tables: bool = False, decode_table_width: int = 0) -> StepInputs:
     """`full_layers=False` (every layer slides, as in Mistral) skips the full-attention
     group's metadata, which no layer would read. `step_queries`: the attention backend
     has the native kernel, which can take short prefill chunks as per-row queries
-    (AttentionMetadata.step_kv_slots)."""
+    (AttentionMetadata.step_kv_slots). `paged_tables`: the backend reads block tables
+    (AttentionMetadata.block_table); decode-only steps whose requests fit
+    `decode_table_width` blocks (max_blocks_per_request; 0: no decode fast path) get
+    tables of exactly that width, whatever the backend."""
     input_ids: list[int] = []
     positions: list[int] = []
     logits_rows: list[int] = []
@@ -64,9 +68,14 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     if full_layers or sliding_window is None:
         meta = build_group_meta(batch, page_size, device, None, lambda r: r.block_ids,
                                 step_queries)
+        if paged_tables or decode_table_width:
+            meta = with_block_table(meta, batch, lambda r: r.block_ids, decode_table_width,
+                                    device)
     if sliding_window is not None:
-        sliding = build_group_meta(batch, page_size, device, sliding_window,
-                                   sliding_blocks or (lambda r: r.block_ids))
+        blocks_of = sliding_blocks or (lambda r: r.block_ids)
+        sliding = build_group_meta(batch, page_size, device, sliding_window, blocks_of)
+        if paged_tables or decode_table_width:
+            sliding = with_block_table(sliding, batch, blocks_of, decode_table_width, device)
         meta = replace(meta or sliding, sliding=sliding)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -113,6 +122,30 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
     if step_queries and prefills and window is None and _short_chunks(batch):
         meta = _with_step_queries(meta, batch, blocks_of, page_size, device)
     return meta
+
+
+def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
+                     blocks_of: Callable[[RequestState], list[int | None]],
+                     decode_table_width: int, device: torch.device) -> AttentionMetadata:
+    """`meta` with the block table and key lengths of paging backends (flash
+    attention). Rows are padded with block 0 to the widest request, or to
+    `decode_table_width` on a decode-only step that fits it (a fixed shape, as the
+    decode fast path and its CUDA graphs want)."""
+    tables = [[b if b is not None else 0 for b in blocks_of(e.request)] for e in batch.entries]
+    widest = max(len(table) for table in tables)
+    fast_path = (0 < widest <= decode_table_width and not meta.prefills)
+    width = decode_table_width if fast_path else widest
+    lengths = [e.end for e in batch.entries]
+    cumulative = [0]
+    for length in lengths:
+        cumulative.append(cumulative[-1] + length)
+    return replace(
+        meta,
+        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                 dtype=torch.int32, device=device),
+        cu_seqlens_k=torch.tensor(cumulative, dtype=torch.int32, device=device),
+        max_seqlen_q=max(e.num_tokens for e in batch.entries),
+        max_seqlen_k=max(lengths), decode_fast_path=fast_path)
 
 
 def _short_chunks(batch: ScheduledBatch) -> bool:

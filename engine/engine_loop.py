@@ -23,7 +23,8 @@ from .distributed import StepSync
 from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
-from .feature_gates import adjust_for_sliding, decode_fast_path
+from .attention.backend import switch_to_cb_friendly_attn
+from .feature_gates import adjust_for_sliding, decode_fast_path, decode_graphs
 from .kv_cache.sizing import (compute_sizing, offload_num_blocks,
                               resolve_max_blocks_per_request)
 from .output_router import OutputRouter
@@ -74,12 +75,19 @@ class EngineLoop:
             offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
-        self.runner = ModelRunner(module, self.sizing, config.seed, num_offload_blocks,
-                                  self.step_sync)
+        if config.auto_switch_to_flash and model.device.type == "cuda":
+            switch_to_cb_friendly_attn(module, True, self.sizing.page_size)
         self.max_blocks_per_request = resolve_max_blocks_per_request(
             config, self.sizing.page_size, workload_hints)
         self.decode_fast_path = decode_fast_path(config, self.max_blocks_per_request,
-                                                 sliding_window, model.device)
+                                                 sliding_window, module.attn_backend,
+                                                 model.device)
+        graphs = decode_graphs(config, self.decode_fast_path, model.device,
+                               self.step_sync is not None)
+        self.runner = ModelRunner(
+            module, self.sizing, config.seed, num_offload_blocks, self.step_sync,
+            decode_table_width=self.max_blocks_per_request if self.decode_fast_path else 0,
+            decode_graphs=graphs, graph_interval=config.q_padding_interval_size)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
@@ -159,6 +167,7 @@ class EngineLoop:
             self._pause.notify_all()
 
     def stats(self) -> dict[str, int]:
+        graphs = self.runner.decode_graphs
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": self.num_pending(),
@@ -174,6 +183,8 @@ class EngineLoop:
             "num_sliding_blocks": self.sizing.num_sliding_blocks,
             "max_blocks_per_request": self.max_blocks_per_request,
             "decode_fast_path": int(self.decode_fast_path),
+            "num_decode_graphs": len(graphs.graphs) if graphs else 0,
+            "num_graph_steps": graphs.num_steps if graphs else 0,
             "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
@@ -190,8 +201,9 @@ class EngineLoop:
         return self.step_sync is None or self.step_sync.is_driver
 
     def warmup(self) -> None:
-        """Run one dummy prefill of up to a page of tokens through the model (on a
-        follower rank: nothing, it runs the driver's warmup step)."""
+        """Run one dummy prefill of up to a page of tokens through the model, then
+        record the decode CUDA graphs when there are any (on a follower rank: nothing,
+        it runs the driver's warmup step)."""
         if not self.is_driver:
             return
         with self.step_lock:
@@ -204,6 +216,7 @@ class EngineLoop:
                 self.runner.step(ScheduledBatch([ScheduledRequest(dummy, 0, num_tokens, True)], []))
             finally:
                 blocks.release(dummy)
+            self.runner.capture_graphs()
 
     def release(self) -> None:
         self.runner.cache.release()

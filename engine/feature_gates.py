@@ -1,7 +1,8 @@
 """Which optional features a model and device get, decided once when a manager is
 built, each refusal logged with its reason: prefix caching and CPU offload (off for
 sliding-window models, whose sliding layers recycle pages in a pool of their own) and
-the decode fast path (needs flash_attn_with_kvcache and no sliding layers)."""
+the decode fast path (fixed-width block tables; no sliding layers) and the CUDA
+graphs of its steps."""
 
 from __future__ import annotations
 
@@ -28,21 +29,47 @@ def adjust_for_sliding(config: ContinuousBatchingConfig, sliding_window: int | N
 
 
 def decode_fast_path(config: ContinuousBatchingConfig, max_blocks_per_request: int,
-                     sliding_window: int | None, device) -> bool:
-    """Whether decode-only batches may use flash_attn_with_kvcache. Off when disabled
-    (max_blocks_per_request=0), for sliding-window models, or without the kernel; the
-    reason is logged as a warning only when the user set max_blocks_per_request."""
-    from .attention.backend import flash_available
-
+                     sliding_window: int | None, backend, device) -> bool:
+    """Whether decode-only batches take fixed-width block tables: flash_attn_with_kvcache
+    with the flash backend, fixed_table_decode with the torch backend on accelerators.
+    Off when disabled (max_blocks_per_request=0), for sliding-window models, and for
+    the torch backend on CPU (its native decode kernel is faster); the reason is
+    logged as a warning only when the user set max_blocks_per_request."""
     if max_blocks_per_request == 0:
         return False
     reason = None
     if sliding_window is not None:
         reason = "the model has sliding-window layers"
-    elif not flash_available(device):
-        reason = "flash_attn_with_kvcache is not available on this device"
+    elif not backend.decode_fast_path_on(device):
+        reason = f"the {backend.name} attention backend has none on {device.type}"
     if reason is None:
         return True
     log = logger.warning if config.max_blocks_per_request else logger.info
     log("decode fast path off: %s; decode batches use the varlen path", reason)
     return False
+
+
+def decode_graphs(config: ContinuousBatchingConfig, fast_path: bool, device,
+                  distributed: bool) -> str | None:
+    """"capture" when decode steps get CUDA graphs (cuda_graphs.py), else None.
+    `use_cuda_graph` None (auto) or True, or a (varlen, decode) pair whose decode part
+    is, turns them on where they work: CUDA, the decode fast path, one process. Graphs
+    of varlen steps are not built: those steps always run eagerly."""
+    wanted = config.use_cuda_graph
+    if isinstance(wanted, tuple):
+        if wanted[0]:
+            logger.info("CUDA graphs of varlen steps are not built; those steps run eagerly")
+        wanted = wanted[1]
+    if wanted is False:
+        return None
+    reason = None
+    if getattr(device, "type", device) != "cuda":
+        reason = "no CUDA device"
+    elif not fast_path:
+        reason = "the decode fast path is off"
+    elif distributed:
+        reason = "tensor parallelism"
+    if reason is None:
+        return "capture"
+    (logger.warning if wanted else logger.debug)("CUDA graphs off: %s", reason)
+    return None

@@ -218,7 +218,8 @@ class ContinuousBatchingManager:
             self.loop.release_pause()
 
     def warmup(self) -> None:
-        """Run a dummy batch through the model (there are no graphs to capture on CPU)."""
+        """Run a dummy batch through the model and record the decode CUDA graphs, where
+        there are any (CUDA with the flash backend's decode fast path)."""
         self.loop.warmup()
         release_openmp_pool()   # the dummy batch ran on this thread (see cpu_threads.py)
 

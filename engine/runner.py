@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .batch import StepInputs, build_step_inputs
+from .cuda_graphs import DecodeGraphs
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
@@ -25,7 +26,13 @@ DEFAULT_THREADS = torch.get_num_threads()
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
-                 num_offload_blocks: int = 0, step_sync: StepSync | None = None) -> None:
+                 num_offload_blocks: int = 0, step_sync: StepSync | None = None,
+                 decode_table_width: int = 0, decode_graphs: str | None = None,
+                 graph_interval: int = 0) -> None:
+        """`decode_table_width`: max_blocks_per_request when the decode fast path is on,
+        else 0. `decode_graphs`: "capture" (CUDA graphs of fast-path decode steps),
+        "eager" (the same padded static-buffer steps without graphs: tests) or None;
+        they add one scratch block to the cache (cuda_graphs.py)."""
         parameter = next(model.parameters())
         self.model = model
         self.step_sync = step_sync
@@ -40,10 +47,11 @@ class ModelRunner:
         layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
         self.sliding_pool = bool(sizing.num_sliding_blocks)
         self.has_full_layers = not all(layer_is_sliding)
+        scratch_blocks = 1 if decode_graphs else 0     # graphs' padding page (cuda_graphs.py)
         layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
-                            else sizing.num_blocks for sliding in layer_is_sliding]
+                            else sizing.num_blocks + scratch_blocks for sliding in layer_is_sliding]
         self.cache = PagedKVCache(
-            num_layers=len(model.layers), num_blocks=sizing.num_blocks,
+            num_layers=len(model.layers), num_blocks=sizing.num_blocks + scratch_blocks,
             page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, dtype=self.kv_dtype, device=self.device,
             layer_num_blocks=layer_num_blocks)
@@ -68,6 +76,11 @@ class ModelRunner:
                              and self.native_kernels.vector_attention(model.head_dim))
         """Short prefill chunks run as per-row queries of the native attention kernel
         (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
+        self.decode_table_width = decode_table_width
+        self.decode_graphs = None if not decode_graphs else DecodeGraphs(
+            model, self.cache, sizing.max_requests_per_batch, decode_table_width,
+            scratch_block=sizing.num_blocks, interval=graph_interval,
+            capture=decode_graphs == "capture")
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -115,13 +128,23 @@ class ModelRunner:
             copy_blocks(self.offload_cache, self.cache, plan.swap_in)
         if inputs is None:
             return None
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.fits(inputs.meta, inputs.input_ids.numel()):
+            return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> int:
+        """Record every decode graph now (the manager's warmup); returns how many."""
+        return 0 if self.decode_graphs is None else self.decode_graphs.capture_all()
 
     def _inputs(self, batch: ScheduledBatch) -> StepInputs:
         device = self.device if self.step_sync is None else torch.device("cpu")
+        paged_tables = getattr(self.model.attn_backend, "needs_block_tables", False)
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
-                                 self.has_full_layers, self.step_queries)
+                                 self.has_full_layers, self.step_queries and not paged_tables,
+                                 paged_tables, self.decode_table_width)
 
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import TINY_FAMILIES, model_class, tiny_config
+from engine import load_model
+from tests.helpers import SLIDING_WINDOW, TINY_FAMILIES, model_class, tiny_config
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
@@ -23,7 +24,38 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_models):
-    from engine import load_model
-
     path, reference = tiny_models["llama"]
+    return load_model(path, progress=False), reference
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(
+        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        sliding_window=SLIDING_WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        max_position_embeddings=512, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    reference = Gemma3ForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    reference.save_pretrained(path)
+    return load_model(path, progress=False), reference
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tmp_path_factory):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(6)
+    config = MistralConfig(vocab_size=211, hidden_size=48, intermediate_size=80,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=SLIDING_WINDOW, max_position_embeddings=512)
+    reference = MistralForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-mistral")
+    reference.save_pretrained(path)
     return load_model(path, progress=False), reference

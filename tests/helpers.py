@@ -7,6 +7,8 @@ import random
 import torch
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+SLIDING_WINDOW = 7
+"""Window of the tiny sliding-window models (tests/conftest.py)."""
 
 
 def tiny_config(family: str):

@@ -1,6 +1,9 @@
 """The attention backend seam: models call `backend.forward(...)` and never care
 whether pages are read by torch gathers or by a fused kernel. A backend is chosen at
-run time by name (`get_backend`); `switch_to_cb_friendly_attn` sets it on a model."""
+run time by name (`get_backend`): "torch" (torch_backend.py: any device, the native
+CPU kernels) or "flash" (flash_backend.py: flash-attn on CUDA);
+`switch_to_cb_friendly_attn` sets one on a model, and the engine calls it on CUDA
+when `auto_switch_to_flash` is on."""
 
 from __future__ import annotations
 
@@ -16,6 +19,13 @@ logger = logging.getLogger(__name__)
 
 class AttentionBackend(Protocol):
     name: str
+    needs_block_tables: bool
+    """Every step's AttentionMetadata carries block_table & co (flash attention)."""
+
+    def decode_fast_path_on(self, device: torch.device) -> bool:
+        """Whether decode-only steps over fixed-width block tables (the decode fast
+        path, and so CUDA graphs) serve on `device`."""
+        ...
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -28,13 +38,10 @@ class AttentionBackend(Protocol):
 
 
 def flash_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether flash-attn is installed and `device` is one it runs on."""
+    from .flash_backend import load_flash_functions
+
+    return device.type == "cuda" and load_flash_functions() is not None
 
 
 def get_backend(name: str) -> AttentionBackend:
@@ -42,15 +49,30 @@ def get_backend(name: str) -> AttentionBackend:
 
     if name in ("torch", "sdpa", "eager", "paged|eager", "paged|sdpa"):
         return TorchPagedAttention()
-    raise ValueError(f"unknown attention backend {name!r}; available: 'torch'")
+    if name in ("flash", "flash_attention_2", "paged|flash_attention_2"):
+        from .flash_backend import FlashPagedAttention
+        return FlashPagedAttention()
+    raise ValueError(f"unknown attention backend {name!r}; available: 'torch', 'flash'")
 
 
-def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True) -> str:
+def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
+                               page_size: int | None = None) -> str:
     """Give `model` (an engine model with an `attn_backend` attribute) an attention
-    implementation that works on the paged cache. Flash attention is used when asked
-    for, on CUDA, and installed; otherwise the torch backend. Returns its name."""
-    device = next(model.parameters()).device
-    if auto_switch_to_flash and flash_available(device):
-        logger.info("flash-attn is installed but its paged path is not built yet; using torch")
+    implementation that works on the paged cache: flash attention when asked for and
+    it can serve this device, cache dtype and `page_size` (None: not known yet, not
+    checked); otherwise the torch backend, with the reason logged. Returns its name."""
+    from ..kv_cache.paged_cache import kv_cache_dtype
+    from .flash_backend import flash_unsupported_reason
+
+    parameter = next(model.parameters())
+    if auto_switch_to_flash:
+        cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
+                                     getattr(model, "kv_cache_dtype", None))
+        reason = flash_unsupported_reason(parameter.device, cache_dtype, page_size)
+        if reason is None:
+            model.attn_backend = get_backend("flash")
+            return model.attn_backend.name
+        if parameter.device.type == "cuda":
+            logger.info("attention: torch backend (%s)", reason)
     model.attn_backend = get_backend("torch")
     return model.attn_backend.name

@@ -65,3 +65,18 @@ class AttentionMetadata:
     """[T] long: the keys each row attends to: its position + 1 (causal).
     Worked example: a request at rows 4..6 feeding positions 10..12 has step_slot_rows
     [r, r, r] and step_lengths [11, 12, 13]."""
+    block_table: torch.Tensor | None = None
+    """Backends that page through block tables (flash attention): [R, W] int32, row r
+    the block ids of request r, padded to W with block 0 (never read: past the
+    request's length, or outside its window). Released sliding blocks (None) are 0
+    too. Worked example (page_size 256): a request at position 300 holding blocks
+    [7, 2] reads keys 0..255 from block 7 and 256..300 from block 2."""
+    cu_seqlens_k: torch.Tensor | None = None
+    """[R + 1] int32, cumulative context lengths after the step (with block_table)."""
+    max_seqlen_q: int = 0
+    """Longest query run of the step (with block_table)."""
+    max_seqlen_k: int = 0
+    """Longest context after the step (with block_table)."""
+    decode_fast_path: bool = False
+    """Decode-only step whose block_table has the fixed width max_blocks_per_request:
+    the backend may take flash_attn_with_kvcache."""

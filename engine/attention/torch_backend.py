@@ -11,6 +11,8 @@ request's first start + i + 1 slots). Otherwise:
 - each prefill chunk runs its own SDPA call: over its fresh K/V when it starts at
   position 0 (plain causal), else over its whole context gathered from the pages with
   a causal mask shifted by the tokens already cached.
+Decode steps on the decode fast path (accelerators: `meta.decode_fast_path`) read
+fixed-width block tables instead (fixed_table_decode.py), the shapes CUDA graphs need.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fixed_table_decode import fixed_table_decode
 from .metadata import AttentionMetadata
 
 FUSED_DECODE_MAX_BATCH = 4
@@ -36,6 +39,13 @@ def _native_kernels(flat_keys: torch.Tensor):
 
 class TorchPagedAttention:
     name = "torch"
+    needs_block_tables = False
+
+    @staticmethod
+    def decode_fast_path_on(device: torch.device) -> bool:
+        """Accelerators take decode steps over fixed-width tables (fixed_table_decode.py),
+        which CUDA graphs can replay; the CPU keeps its native kernel's decode."""
+        return device.type != "cpu"
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -47,6 +57,9 @@ class TorchPagedAttention:
             flat_keys.index_copy_(0, meta.slot_mapping, key.to(flat_keys.dtype))
             flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
+        if meta.decode_fast_path:             # fixed-width tables: graph-friendly shapes
+            return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
+                                      meta.block_table, scale, meta.window)
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)
         kernels = _native_kernels(flat_keys)

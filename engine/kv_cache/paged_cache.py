@@ -7,9 +7,12 @@ Block b of every layer together is "block b": the allocator hands out block ids,
 request's token at position p lives at page offset p % page_size of block
 block_ids[p // page_size] in every layer.
 
-Tensors are left uninitialised (on a CPU host, pages never touched cost no RAM): every
-slot is written before it is read, and padded decode contexts repeat the request's own
-last slot, so no garbage (or NaN) ever reaches attention.
+On a CPU host the tensors are left uninitialised (pages never touched cost no RAM):
+every slot is written before the torch backend reads it, and its padded decode
+contexts repeat the request's own last slot, so no garbage (or NaN) reaches attention.
+On accelerators they start zeroed: flash attention's tiles may load slots past a
+request's length or outside its window, which it masks, and a masked NaN would still
+poison the output (0 * NaN).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ class PagedKVCache:
         self.device = device
         counts = layer_num_blocks or [num_blocks] * num_layers
 
+        allocate = torch.empty if torch.device(device).type == "cpu" else torch.zeros
+
         def make(count: int) -> torch.Tensor:
-            return torch.empty((count, page_size, num_kv_heads, head_dim), dtype=dtype,
-                               device=device, pin_memory=pin_memory)
+            return allocate((count, page_size, num_kv_heads, head_dim), dtype=dtype,
+                            device=device, pin_memory=pin_memory)
 
         self.key_caches = [make(count) for count in counts]
         self.value_caches = [make(count) for count in counts]

@@ -5,46 +5,12 @@ sliding layers' pool recycles pages that fell out of the window."""
 import pytest
 import torch
 
-from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine import ContinuousBatchingConfig, GenerationConfig
 
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
-WINDOW = 7
 
-
-@pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(5)
-    config = Gemma3TextConfig(
-        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-        max_position_embeddings=256, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    reference = Gemma3ForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-gemma3")
-    reference.save_pretrained(path)
-    return load_model(path, progress=False), reference
-
-
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(6)
-    config = MistralConfig(vocab_size=211, hidden_size=48, intermediate_size=80,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           sliding_window=WINDOW, max_position_embeddings=256)
-    reference = MistralForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-mistral")
-    reference.save_pretrained(path)
-    return load_model(path, progress=False), reference
-
-
-@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+@pytest.mark.parametrize("name", ["tiny_gemma3", "tiny_mistral"])
 def test_logits_match_beyond_the_window(request, name):
     model, reference = request.getfixturevalue(name)
     ids = random_prompts(1, 30, 30, seed=31)[0]
@@ -57,7 +23,7 @@ def run(model, prompts, **config):
     return generate_and_inspect(model, prompts, 12, page_size=4, **config)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+@pytest.mark.parametrize("name", ["tiny_gemma3", "tiny_mistral"])
 @pytest.mark.parametrize("config", [
     {}, {"max_batch_tokens": 8}, {"max_batch_tokens": 32, "num_blocks": 14},
 ], ids=["default", "chunked", "preempted"])
@@ -71,7 +37,7 @@ def test_greedy_matches_transformers(request, name, config):
         assert stats["num_preemptions"] > 0
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+@pytest.mark.parametrize("name", ["tiny_gemma3", "tiny_mistral"])
 def test_sliding_pool_recycles_pages_out_of_the_window(request, name):
     model, reference = request.getfixturevalue(name)
     prompt = random_prompts(1, 20, 20, seed=33)[0]

@@ -1,0 +1,49 @@
+"""Decode attention over fixed-width block tables in plain torch ops: the decode fast
+path of the torch backend on accelerators without flash-attn.
+
+The torch backend's usual decode gathers each request's context padded to the
+step's longest one, a shape that changes every step, and so no CUDA graph could
+replay it. Here the shapes depend only on the number of requests B and the table
+width W (max_blocks_per_request): every request gathers all W pages of its table
+and a mask keeps its real keys.
+
+    block_table [B, W] -> keys [B, W * page_size, KVH, D]
+    key j of request b is real when j < seq_lens[b] (and, with a window,
+    j > seq_lens[b] - 1 - window)
+
+It reads W * page_size keys per request whatever their real length, which costs
+bandwidth on long tables; what it buys is a decode step without host
+synchronisation or changing shapes, so graphs can replay it (cuda_graphs.py).
+Pages past a request's length are whatever the table's padding block 0 holds, or a
+stale page: masked, and finite because accelerator caches start zeroed
+(paged_cache.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
+                       window: int | None = None) -> torch.Tensor:
+    """query [B, H, D] (one token per request, at position seq_lens - 1); caches
+    [num_blocks, page_size, KVH, D]; seq_lens [B] int32; block_table [B, W] int32
+    -> [B, H, D] in query's dtype, computed in the wider of query's and the cache's."""
+    batch, width = block_table.shape
+    page_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    dtype = torch.promote_types(query.dtype, key_cache.dtype)
+    blocks = block_table.long()
+    keys = key_cache[blocks].view(batch, width * page_size, num_kv_heads, head_dim)
+    values = value_cache[blocks].view(batch, width * page_size, num_kv_heads, head_dim)
+    key_pos = torch.arange(width * page_size, device=query.device)[None, :]   # [1, L]
+    lengths = seq_lens.long()[:, None]                                        # [B, 1]
+    visible = key_pos < lengths                                               # [B, L]
+    if window is not None:
+        visible &= key_pos > lengths - 1 - window
+    out = F.scaled_dot_product_attention(
+        query.to(dtype).unsqueeze(2),                                         # [B, H, 1, D]
+        keys.to(dtype).transpose(1, 2), values.to(dtype).transpose(1, 2),     # [B, KVH, L, D]
+        attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True)
+    return out.squeeze(2).to(query.dtype)

@@ -1,0 +1,115 @@
+"""Paged attention through flash-attn's kernels (CUDA, fp16/bf16 tensors).
+
+Per layer: the step's new K/V go into the cache pages at `meta.slot_mapping` (one
+index_copy_ per cache), then one kernel call reads every request's context through
+its row of `meta.block_table`, the caches being in flash-attn's paged layout already
+([num_blocks, page_size, KVH, D]):
+- decode-only steps whose tables have the fixed width max_blocks_per_request
+  (`meta.decode_fast_path`) call `flash_attn_with_kvcache`: one query per request
+  over keys 0..seq_len-1. Its shapes depend only on the number of requests, which is
+  what lets CUDA graphs replay it;
+- every other step calls `flash_attn_varlen_func` over the flat batch. Its causal
+  mask is aligned to each request's last key: query i of a chunk that starts at
+  position s sees keys 0..s+i, so chunked prefill, prompts resumed after a prefix-cache
+  hit and decodes share one call.
+Sliding layers pass window_size=(window - 1, 0): a query at position p sees keys
+p-window+1..p, the engine's rule (q - window < k <= q).
+
+Where this backend applies (`flash_unsupported_reason`): CUDA, flash-attn installed,
+fp16/bf16 caches, pages of a multiple of 256 tokens (flash-attn's paged kernels need
+it). `switch_to_cb_friendly_attn` only picks it there. The kernels arrive as a
+`FlashFunctions`, so a reference implementation of the same contract can drive this
+code where flash-attn cannot run (the CPU tests do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .metadata import AttentionMetadata
+
+PAGE_MULTIPLE = 256
+"""flash-attn's paged kernels read pages of a multiple of this many tokens."""
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class FlashFunctions:
+    varlen: Callable
+    """flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k, softmax_scale=, causal=, window_size=, block_table=)."""
+    with_kvcache: Callable
+    """flash_attn_with_kvcache(q [B, 1, H, D], k_cache, v_cache, cache_seqlens=,
+    block_table=, softmax_scale=, causal=, window_size=)."""
+
+
+def load_flash_functions() -> FlashFunctions | None:
+    """flash-attn's two paged entry points, or None when it is not installed."""
+    try:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return FlashFunctions(flash_attn_varlen_func, flash_attn_with_kvcache)
+
+
+def flash_unsupported_reason(device: torch.device, cache_dtype: torch.dtype,
+                             page_size: int | None) -> str | None:
+    """Why the flash backend cannot serve this setup, or None when it can."""
+    if device.type != "cuda":
+        return "flash-attn runs on CUDA only"
+    if cache_dtype not in FLASH_DTYPES:
+        return f"flash-attn needs a float16 or bfloat16 KV cache, not {cache_dtype}"
+    if page_size is not None and page_size % PAGE_MULTIPLE:
+        return f"flash-attn's paged kernels need page_size a multiple of {PAGE_MULTIPLE}"
+    if load_flash_functions() is None:
+        return "flash-attn is not installed"
+    return None
+
+
+class FlashPagedAttention:
+    name = "flash"
+    needs_block_tables = True
+    """The engine builds AttentionMetadata.block_table and friends for this backend."""
+
+    @staticmethod
+    def decode_fast_path_on(device: torch.device) -> bool:
+        """flash_attn_with_kvcache serves decode-only steps wherever this backend runs."""
+        return True
+
+    def __init__(self, functions: FlashFunctions | None = None) -> None:
+        functions = functions or load_flash_functions()
+        if functions is None:
+            raise RuntimeError("the flash attention backend needs flash-attn installed")
+        self.functions = functions
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_cache: torch.Tensor, value_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:
+        """query [T, H, D], key/value [T, KVH, D]; caches [num_blocks, page_size, KVH, D]
+        -> [T, H, D]. Reads `meta.block_table` (built when the engine sees
+        `needs_block_tables`)."""
+        if meta.block_table is None:
+            raise RuntimeError("flash attention needs AttentionMetadata.block_table: the "
+                               "step was built for a backend without block tables")
+        if not cache_written:
+            num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
+            key_cache.view(-1, num_kv_heads, head_dim).index_copy_(
+                0, meta.slot_mapping, key.to(key_cache.dtype))
+            value_cache.view(-1, num_kv_heads, head_dim).index_copy_(
+                0, meta.slot_mapping, value.to(value_cache.dtype))
+        window = (-1, -1) if meta.window is None else (meta.window - 1, 0)
+        q = query.to(key_cache.dtype)
+        if meta.decode_fast_path:
+            out = self.functions.with_kvcache(
+                q.unsqueeze(1), key_cache, value_cache, cache_seqlens=meta.seq_lens_k,
+                block_table=meta.block_table, softmax_scale=scale, causal=True,
+                window_size=window)                                   # [B, 1, H, D]
+            return out.squeeze(1).to(query.dtype)
+        out = self.functions.varlen(
+            q, key_cache, value_cache, meta.cu_seqlens_q, meta.cu_seqlens_k,
+            meta.max_seqlen_q, meta.max_seqlen_k, softmax_scale=scale, causal=True,
+            window_size=window, block_table=meta.block_table)        # [T, H, D]
+        return out.to(query.dtype)

@@ -1,0 +1,110 @@
+"""Decode CUDA graphs' padding and bucket logic (engine/cuda_graphs.py), run eagerly on
+CPU with the flash backend on a reference of its kernels: padded static-buffer steps
+give the plain steps' tokens and leave every request's pages as the plain steps do
+(padding rows write only to the scratch page). tests/engine/test_flash_gpu.py records
+and replays real graphs where there is a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ContinuousBatchingConfig
+from engine.attention.backend import get_backend
+from engine.attention.fixed_table_decode import fixed_table_decode
+from engine.attention.flash_backend import FlashPagedAttention
+from engine.cuda_graphs import graph_batch_sizes
+from engine.feature_gates import decode_graphs
+from engine.generation_config import SamplingParams
+from engine.kv_cache.allocator import BlockAllocator
+from engine.kv_cache.sizing import CacheSizing
+from engine.requests import RequestState
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledBatch, ScheduledRequest
+from tests.engine.flash_reference import CountingFunctions, with_kvcache
+from tests.helpers import random_prompts
+
+PAGE = 256
+NUM_BLOCKS = 7
+
+
+def test_bucket_sizes():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(8) == [1, 2, 4, 8]
+    assert graph_batch_sizes(11) == [1, 2, 4, 8, 16]
+    assert graph_batch_sizes(10, interval=4) == [4, 8, 12]
+    with pytest.raises(ValueError, match="max_requests"):
+        graph_batch_sizes(0)
+
+
+def test_graphs_only_where_they_work():
+    auto = ContinuousBatchingConfig()
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert decode_graphs(auto, True, cuda, False) == "capture"
+    assert decode_graphs(ContinuousBatchingConfig(use_cuda_graph=(True, True)), True, cuda,
+                         False) == "capture"
+    assert decode_graphs(ContinuousBatchingConfig(use_cuda_graph=(True, False)), True, cuda,
+                         False) is None
+    assert decode_graphs(ContinuousBatchingConfig(use_cuda_graph=False), True, cuda, False) is None
+    assert decode_graphs(auto, True, cpu, False) is None
+    assert decode_graphs(auto, False, cuda, False) is None       # no decode fast path
+    assert decode_graphs(auto, True, cuda, True) is None         # tensor parallel
+
+
+@pytest.mark.parametrize("window", [None, 30])
+def test_fixed_table_decode_follows_the_kvcache_contract(window):
+    generator = torch.Generator().manual_seed(3)
+    cache = torch.randn(2, 6, PAGE, 2, 16, generator=generator)
+    query = torch.randn(3, 6, 16, generator=generator)
+    seq_lens = torch.tensor([300, 10, 512], dtype=torch.int32)
+    table = torch.tensor([[4, 1], [2, 0], [5, 3]], dtype=torch.int32)
+    flash_window = (-1, -1) if window is None else (window - 1, 0)
+    want = with_kvcache(query.unsqueeze(1), cache[0], cache[1], cache_seqlens=seq_lens,
+                        block_table=table, softmax_scale=0.25, causal=True,
+                        window_size=flash_window).squeeze(1)
+    got = fixed_table_decode(query, cache[0], cache[1], seq_lens, table, 0.25, window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _decode_step(requests: list[RequestState]) -> ScheduledBatch:
+    return ScheduledBatch([ScheduledRequest(r, r.num_tokens - 1, 1, True) for r in requests], [])
+
+
+@pytest.mark.parametrize("backend", ["flash", "torch"])
+def test_padded_steps_equal_plain_steps(tiny_llama, backend):
+    """The flash backend (on the reference of its kernels) and the torch backend's
+    fixed-width decode, which accelerators without flash-attn replay."""
+    model, _ = tiny_llama
+    module = model.module
+    saved = module.attn_backend
+    module.attn_backend = (FlashPagedAttention(CountingFunctions().functions())
+                           if backend == "flash" else get_backend("torch"))
+    try:
+        sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 11, 0)
+        plain = ModelRunner(module, sizing, seed=0, decode_table_width=3)
+        padded = ModelRunner(module, sizing, seed=0, decode_table_width=3, decode_graphs="eager")
+        assert padded.cache.key_caches[0].shape[0] == NUM_BLOCKS + 1     # the scratch page
+        assert padded.decode_graphs.sizes == [1, 2, 4, 8, 16]
+        for runner in (plain, padded):                # the same start, NaN-free pages
+            for cache in runner.cache.key_caches + runner.cache.value_caches:
+                cache.zero_()
+        allocator = BlockAllocator(NUM_BLOCKS)
+        requests = []
+        for index, prompt in enumerate(random_prompts(3, 260, 300, seed=51)):
+            request = RequestState(f"r{index}", prompt, 8, (), SamplingParams())
+            request.block_ids = allocator.allocate(2)
+            requests.append(request)
+        prefill = ScheduledBatch([ScheduledRequest(r, 0, r.num_tokens, True) for r in requests], [])
+        for step in range(6):
+            live = requests if step < 4 else requests[:2]    # 3 rows pad to 4, then 2 fit 2
+            batch = prefill if step == 0 else _decode_step(live)
+            (_, want), (_, got) = plain.step(batch), padded.step(batch)
+            assert got.token_ids == want.token_ids
+            for name in ("key_caches", "value_caches"):
+                for ours, theirs in zip(getattr(padded.cache, name), getattr(plain.cache, name)):
+                    torch.testing.assert_close(ours[:NUM_BLOCKS], theirs)
+            for request, token in zip(batch.entries, want.token_ids):
+                request.request.generated_tokens.append(token)
+        assert padded.decode_graphs.num_steps == 5
+    finally:
+        module.attn_backend = saved
