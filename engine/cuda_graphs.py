@@ -109,7 +109,8 @@ class DecodeGraphs:
         if not self.capture:
             return 0
         self._pad(0, self.sizes[-1])
-        for size in self.sizes:
+        for size in reversed(self.sizes):      # the largest first: the smaller ones'
+            # recordings then fit in the memory its intermediates left in the pool
             if size not in self.graphs:
                 self._record(size)
         return len(self.graphs)
