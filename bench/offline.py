@@ -95,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="use_cuda_graph: auto (None), on (True) or off (False)")
     parser.add_argument("--page-size", type=int, default=None)
     parser.add_argument("--max-batch-tokens", type=int, default=None)
+    parser.add_argument("--max-requests-per-batch", type=int, default=None,
+                        help="at most this many requests per step: the prompts then run "
+                             "in waves, as a server's clients at that concurrency send them")
     parser.add_argument("--peers", default="",
                         help=f"comma-separated peers to run on the same weights: {', '.join(PEERS)}")
     parser.add_argument("--static-batch", type=int, default=16,
@@ -114,10 +117,13 @@ def main(argv=None) -> dict:
                        kv_cache_dtype=args.kv_cache_dtype)
     prompts = make_prompts(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
     cb_config = {k: v for k, v in (("page_size", args.page_size),
-                                   ("max_batch_tokens", args.max_batch_tokens)) if v}
+                                   ("max_batch_tokens", args.max_batch_tokens),
+                                   ("max_requests_per_batch", args.max_requests_per_batch)) if v}
     if args.cuda_graph != "auto":
         cb_config["use_cuda_graph"] = args.cuda_graph == "on"
-    limits = measure(model.config.hidden_size, model.config.intermediate_size)
+    limits = (measure(model.config.hidden_size, model.config.intermediate_size)
+              if model.device.type == "cpu" else
+              {"accelerator": torch.cuda.get_device_name(model.device)})   # the CPU's are moot
     runs = {"kvserve": run_kvserve(model, prompts, args.output_len, cb_config)}
     if peers:
         reference = load_reference(args.model, model.dtype, model.device)
@@ -147,7 +153,7 @@ def build_report(args, runs: dict, limits: dict) -> dict:
                          "kvserve_speedup": round(ours / rate, 2)}
     return {"workload": {k: getattr(args, k) for k in (
                 "model", "dtype", "kv_cache_dtype", "device", "cuda_graph", "num_prompts",
-                "input_len", "output_len", "seed")},
+                "input_len", "output_len", "max_requests_per_batch", "seed")},
             "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
             "results": results}
 

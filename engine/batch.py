@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from .attention.metadata import AttentionMetadata, PrefillSlice
+from .decode_tables import DecodeTables
 from .requests import RequestState
 from .scheduler import ScheduledBatch
 
@@ -45,14 +46,15 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
                       sliding_window: int | None = None,
                       sliding_blocks: Callable[[RequestState], list[int]] | None = None,
                       full_layers: bool = True, step_queries: bool = False,
-                      paged_tables: bool = False, decode_table_width: int = 0) -> StepInputs:
+                      paged_tables: bool = False,
+                      decode_tables: DecodeTables | None = None) -> StepInputs:
     """`full_layers=False` (every layer slides, as in Mistral) skips the full-attention
     group's metadata, which no layer would read. `step_queries`: the attention backend
     has the native kernel, which can take short prefill chunks as per-row queries
     (AttentionMetadata.step_kv_slots). `paged_tables`: the backend reads block tables
-    (AttentionMetadata.block_table); decode-only steps whose requests fit
-    `decode_table_width` blocks (max_blocks_per_request; 0: no decode fast path) get
-    tables of exactly that width, whatever the backend."""
+    (AttentionMetadata.block_table) and none of the torch backend's slots and masks.
+    `decode_tables`: the decode fast path is on; decode-only steps it accepts get
+    fixed-width tables (decode_tables.py), whatever the backend."""
     input_ids: list[int] = []
     positions: list[int] = []
     logits_rows: list[int] = []
@@ -64,18 +66,21 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
         if entry.samples:
             logits_rows.append(row + entry.num_tokens - 1)
             sampling_entries.append(index)
+
+    def group(window: int | None, blocks_of, queries: bool) -> AttentionMetadata:
+        width = _fast_path_width(batch, blocks_of, decode_tables, page_size)
+        torch_meta = not paged_tables and width is None    # slots and masks wanted
+        meta = build_group_meta(batch, page_size, device, window, blocks_of,
+                                queries and torch_meta, torch_meta)
+        if paged_tables or width is not None:
+            meta = with_block_table(meta, batch, blocks_of, width, device)
+        return meta
+
     meta = None
     if full_layers or sliding_window is None:
-        meta = build_group_meta(batch, page_size, device, None, lambda r: r.block_ids,
-                                step_queries)
-        if paged_tables or decode_table_width:
-            meta = with_block_table(meta, batch, lambda r: r.block_ids, decode_table_width,
-                                    device)
+        meta = group(None, lambda r: r.block_ids, step_queries)
     if sliding_window is not None:
-        blocks_of = sliding_blocks or (lambda r: r.block_ids)
-        sliding = build_group_meta(batch, page_size, device, sliding_window, blocks_of)
-        if paged_tables or decode_table_width:
-            sliding = with_block_table(sliding, batch, blocks_of, decode_table_width, device)
+        sliding = group(sliding_window, sliding_blocks or (lambda r: r.block_ids), False)
         meta = replace(meta or sliding, sliding=sliding)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -88,9 +93,11 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
 
 def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device,
                      window: int | None, blocks_of: Callable[[RequestState], list[int]],
-                     step_queries: bool = False) -> AttentionMetadata:
+                     step_queries: bool = False, torch_meta: bool = True) -> AttentionMetadata:
     """Metadata of one attention group: the layers sharing a block table and a window
-    (a key at position k is visible to a query at q when q - window < k <= q)."""
+    (a key at position k is visible to a query at q when q - window < k <= q).
+    `torch_meta=False` skips what only the torch backend's gathers read (decode
+    slots, prefill slots and masks): block-table steps never build them."""
     slot_mapping: list[int] = []
     cu_seqlens_q = [0]
     decode_rows: list[int] = []
@@ -108,7 +115,9 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
             decode_tables.append(block_ids)
             decode_spans.append((first_key, end))
         else:
-            prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device))
+            prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device)
+                            if torch_meta else PrefillSlice(row, row + entry.num_tokens, start,
+                                                            None, None))
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
         cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
@@ -117,24 +126,31 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
         prefills=prefills, page_size=page_size,
         block_tables=[blocks_of(e.request) for e in batch.entries], window=window,
     )
-    if decode_rows:
+    if decode_rows and torch_meta:
         meta = _with_decodes(meta, decode_rows, decode_tables, decode_spans, page_size, device)
     if step_queries and prefills and window is None and _short_chunks(batch):
         meta = _with_step_queries(meta, batch, blocks_of, page_size, device)
     return meta
 
 
+def _fast_path_width(batch: ScheduledBatch, blocks_of, decode_tables: DecodeTables | None,
+                     page_size: int) -> int | None:
+    """The fixed table width of a decode-only step on the decode fast path, or None."""
+    if decode_tables is None or any(e.num_tokens != 1 for e in batch.entries):
+        return None
+    widest = max(len(blocks_of(e.request)) for e in batch.entries)
+    return decode_tables.width_for(widest, len(batch.entries), page_size)
+
+
 def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
                      blocks_of: Callable[[RequestState], list[int | None]],
-                     decode_table_width: int, device: torch.device) -> AttentionMetadata:
-    """`meta` with the block table and key lengths of paging backends (flash
-    attention). Rows are padded with block 0 to the widest request, or to
-    `decode_table_width` on a decode-only step that fits it (a fixed shape, as the
-    decode fast path and its CUDA graphs want)."""
+                     fast_path_width: int | None, device: torch.device) -> AttentionMetadata:
+    """`meta` with the block table and key lengths of paging backends and of the
+    decode fast path. Rows are padded with block 0 to the widest request, or to
+    `fast_path_width` on a decode fast-path step (a fixed shape, as
+    flash_attn_with_kvcache and CUDA graphs want)."""
     tables = [[b if b is not None else 0 for b in blocks_of(e.request)] for e in batch.entries]
-    widest = max(len(table) for table in tables)
-    fast_path = (0 < widest <= decode_table_width and not meta.prefills)
-    width = decode_table_width if fast_path else widest
+    width = fast_path_width or max(len(table) for table in tables)
     lengths = [e.end for e in batch.entries]
     cumulative = [0]
     for length in lengths:
@@ -145,7 +161,7 @@ def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
                                  dtype=torch.int32, device=device),
         cu_seqlens_k=torch.tensor(cumulative, dtype=torch.int32, device=device),
         max_seqlen_q=max(e.num_tokens for e in batch.entries),
-        max_seqlen_k=max(lengths), decode_fast_path=fast_path)
+        max_seqlen_k=max(lengths), decode_fast_path=fast_path_width is not None)
 
 
 def _short_chunks(batch: ScheduledBatch) -> bool:

@@ -4,36 +4,44 @@ A decode step of a small model is a few hundred short kernels; launching them on
 one from Python takes longer than running them. A CUDA graph records a step's kernels
 once and replays them with one launch.
 
-What makes a decode step replayable: on the decode fast path (flash backend,
-`AttentionMetadata.decode_fast_path`) every tensor the forward reads has a shape set
-by the number of requests alone (input_ids, positions, slot_mapping, seq_lens_k [B],
-block_table [B, max_blocks_per_request]) and nothing in the forward reads a value
-back to the host. The graphs read those tensors from static buffers sized for the
-largest batch; a step copies its values in and replays the graph of the smallest
-batch size ("bucket") that holds it:
+What makes a decode step replayable: on the decode fast path
+(`AttentionMetadata.decode_fast_path`) every tensor the forward reads has a shape set
+by the number of requests and the table width alone (input_ids, positions,
+slot_mapping, seq_lens_k [B], block_table [B, width]; decode_tables.py chooses the
+widths) and nothing in the forward reads a value back to the host. The graphs read
+those tensors from static buffers sized for the largest batch and width; a step
+copies its values in and replays the graph of its width and of the smallest batch
+size ("bucket") that holds it:
 
     buckets (q_padding_interval_size 0: the preset): 1, 2, 4, 8, 16, 24, 32, ...
     a step of 11 requests replays bucket 16; its rows 11..15 are padding
 
-Padding rows must not touch any request's pages: they feed token 0 at position 0,
-write their K/V into a scratch page that no request ever holds (`scratch_block`, one
-block past the allocator's) and read one key from it. Their outputs are dropped.
+Buckets stop at MAX_BUCKET requests; larger steps run eagerly. Padding rows must not
+touch any request's pages: they feed token 0 at position 0, write their K/V into a
+scratch page that no request ever holds (`scratch_block`, one block past the
+allocator's) and read one key from it. Their outputs are dropped.
 
-Graphs are captured on the first step of each bucket, or all at once by `capture_all`
-(the manager's warmup). They share one memory pool. With `capture=False` the same
-padded steps run eagerly on the static buffers: the CPU tests check the padding and
-bucket logic that way, with the flash backend on a reference of its kernels.
+Graphs are recorded on the first step of each (bucket, width), or all at once by
+`capture_all` (the manager's warmup), largest first, sharing one memory pool. A
+recording that fails (out of memory, say) turns graphs off for good, with a warning:
+steps then run eagerly. With `capture=False` the same padded steps run eagerly on
+the static buffers: the CPU tests check the padding and bucket logic that way.
 Called only from the engine thread.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 
 import torch
 
 from .attention.metadata import AttentionMetadata
 
+logger = logging.getLogger(__name__)
+
+MAX_BUCKET = 512
+"""Largest batch a graph is recorded for (each bucket holds a graph per width)."""
 PRESET_BUCKETS = (1, 2, 4, 8)
 """Below the preset interval, powers of two: small batches are the common case."""
 PRESET_INTERVAL = 8
@@ -56,11 +64,11 @@ def graph_batch_sizes(max_requests: int, interval: int = 0) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, cache, max_requests: int, table_width: int,
+    def __init__(self, model: torch.nn.Module, cache, max_requests: int, widths: list[int],
                  scratch_block: int, interval: int = 0, capture: bool = True) -> None:
         self.model, self.cache, self.capture = model, cache, capture
-        self.sizes = graph_batch_sizes(max_requests, interval)
-        self.table_width = table_width
+        self.sizes = graph_batch_sizes(min(max_requests, MAX_BUCKET), interval)
+        self.widths = sorted(widths)
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * cache.page_size
         device, largest = cache.device, self.sizes[-1]
@@ -68,52 +76,61 @@ class DecodeGraphs:
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
         self.slot_mapping = torch.zeros(largest, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(largest, dtype=torch.int32, device=device)
-        self.block_table = torch.zeros(largest, table_width, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(largest, self.widths[-1], dtype=torch.int32,
+                                       device=device)
         self.cu_seqlens_q = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self._pad(0, largest)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.failed = False
+        """A recording failed: no more graphs, every step eager."""
         self.num_steps = 0
         """Decode steps run through the static buffers (replayed, or eager)."""
 
     def fits(self, meta: AttentionMetadata, num_requests: int) -> bool:
         """Whether a step can replay a graph: decode fast path, no sliding group, at
-        most the largest bucket, tables of the captured width."""
-        return (meta.decode_fast_path and meta.sliding is None
-                and num_requests <= self.sizes[-1]
-                and meta.block_table.shape[1] == self.table_width)
+        most the largest bucket, a width of the policy."""
+        return (not self.failed and meta.decode_fast_path and meta.sliding is None
+                and num_requests <= self.sizes[-1] and meta.block_table.shape[1] in self.widths)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata) -> torch.Tensor:
         """The final hidden states [B, hidden] of a decode step that `fits`."""
-        num_requests = input_ids.numel()
+        num_requests, width = input_ids.numel(), meta.block_table.shape[1]
         size = next(s for s in self.sizes if s >= num_requests)
         self.input_ids[:num_requests].copy_(input_ids)
         self.positions[:num_requests].copy_(positions)
         self.slot_mapping[:num_requests].copy_(meta.slot_mapping)
         self.seq_lens[:num_requests].copy_(meta.seq_lens_k)
-        self.block_table[:num_requests].copy_(meta.block_table)
+        self.block_table[:num_requests, :width].copy_(meta.block_table)
         self._pad(num_requests, size)
         self.num_steps += 1
-        if not self.capture:
-            return self._forward(size)[:num_requests]
-        if size not in self.graphs:
-            self._record(size)
-        graph, output = self.graphs[size]
+        if self.capture and (size, width) not in self.graphs:
+            self._record(size, width)
+        if not self.capture or self.failed:
+            return self._forward(size, width)[:num_requests]
+        graph, output = self.graphs[size, width]
         graph.replay()
         return output[:num_requests]
 
     def capture_all(self) -> int:
-        """Record every bucket's graph (with padding rows only: the recording's
-        warm-up pass then writes only to the scratch page); returns how many."""
+        """Record every (bucket, width) graph, largest first (the smaller recordings
+        then fit in the memory the larger ones' intermediates left in the pool), with
+        padding rows only, so the recordings' warm-up passes write only to the scratch
+        page. Returns how many graphs there are."""
         if not self.capture:
             return 0
         self._pad(0, self.sizes[-1])
-        for size in reversed(self.sizes):      # the largest first: the smaller ones'
-            # recordings then fit in the memory its intermediates left in the pool
-            if size not in self.graphs:
-                self._record(size)
+        for width in reversed(self.widths):
+            for size in reversed(self.sizes):
+                if not self.failed and (size, width) not in self.graphs:
+                    self._record(size, width)
         return len(self.graphs)
+
+    def release(self) -> None:
+        """Drop the graphs and their memory pool (the manager's destroy)."""
+        self.graphs.clear()
+        self.pool = None
 
     def _pad(self, start: int, end: int) -> None:
         """Rows start..end-1 become padding: token 0 at position 0, its K/V written to
@@ -124,27 +141,35 @@ class DecodeGraphs:
         self.seq_lens[start:end] = 1
         self.block_table[start:end] = self.scratch_block
 
-    def _meta(self, size: int) -> AttentionMetadata:
+    def _meta(self, size: int, width: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
             seq_lens_k=self.seq_lens[:size], decode_rows=None, decode_kv_slots=None,
             decode_mask=None, prefills=[], page_size=self.cache.page_size, block_tables=[],
-            block_table=self.block_table[:size], max_seqlen_q=1, decode_fast_path=True)
+            block_table=self.block_table[:size, :width], max_seqlen_q=1,
+            decode_fast_path=True)
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def _forward(self, size: int, width: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.cache,
-                          self._meta(size))
+                          self._meta(size, width))
 
-    def _record(self, size: int) -> None:
-        # one eager pass on a side stream first: lazy initialisation (cuBLAS handles,
-        # workspaces) must not happen inside the recording
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._forward(size)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            output = self._forward(size)
+    def _record(self, size: int, width: int) -> None:
+        try:
+            # one eager pass on a side stream first: lazy initialisation (cuBLAS
+            # handles, workspaces) must not happen inside the recording
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._forward(size, width)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                output = self._forward(size, width)
+        except RuntimeError as error:    # out of memory, an op that cannot be recorded
+            logger.warning("CUDA graphs off: recording batch %d x %d blocks failed (%s); "
+                           "decode steps run eagerly", size, width, error)
+            self.failed = True
+            self.release()
+            return
         self.pool = graph.pool()
-        self.graphs[size] = (graph, output)
+        self.graphs[size, width] = (graph, output)

@@ -18,15 +18,15 @@ import queue
 import threading
 from typing import Callable
 
+import torch
+
 from .config import ContinuousBatchingConfig
 from .distributed import StepSync
 from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
-from .attention.backend import switch_to_cb_friendly_attn
-from .feature_gates import adjust_for_sliding, decode_fast_path, decode_graphs
-from .kv_cache.sizing import (compute_sizing, offload_num_blocks,
-                              resolve_max_blocks_per_request)
+from .feature_gates import adjust_for_sliding, plan_decode_paths
+from .kv_cache.sizing import compute_sizing, offload_num_blocks
 from .output_router import OutputRouter
 from .outputs import RequestStatus
 from .requests import RequestState
@@ -48,14 +48,15 @@ class EngineLoop:
         pooled = sliding_window is not None and any(layer_is_sliding)
         config = adjust_for_sliding(config, sliding_window, pooled)
         self.step_sync = _step_sync(model, config)
+        self.kv_dtype = kv_cache_dtype(model.device, model.dtype,
+                                       getattr(module, "kv_cache_dtype", None))
         sized = None
         if self.step_sync is None or self.step_sync.is_driver:
             sizing = compute_sizing(
                 config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
                 head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
                 intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
-                dtype=kv_cache_dtype(model.device, model.dtype,
-                                     getattr(module, "kv_cache_dtype", None)),
+                dtype=self.kv_dtype,
                 activation_dtype=model.dtype, device=model.device,
                 logit_processing=logit_processing,
                 num_submitted=workload_hints.get("num_requests"),
@@ -75,19 +76,13 @@ class EngineLoop:
             offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
-        if config.auto_switch_to_flash and model.device.type == "cuda":
-            switch_to_cb_friendly_attn(module, True, self.sizing.page_size)
-        self.max_blocks_per_request = resolve_max_blocks_per_request(
-            config, self.sizing.page_size, workload_hints)
-        self.decode_fast_path = decode_fast_path(config, self.max_blocks_per_request,
-                                                 sliding_window, module.attn_backend,
-                                                 model.device)
-        graphs = decode_graphs(config, self.decode_fast_path, model.device,
-                               self.step_sync is not None)
+        self.decode_plan = plan_decode_paths(config, module, model.device, self.sizing.page_size,
+                                             self.kv_dtype, workload_hints,
+                                             distributed=self.step_sync is not None)
         self.runner = ModelRunner(
             module, self.sizing, config.seed, num_offload_blocks, self.step_sync,
-            decode_table_width=self.max_blocks_per_request if self.decode_fast_path else 0,
-            decode_graphs=graphs, graph_interval=config.q_padding_interval_size)
+            decode_tables=self.decode_plan.tables, decode_graphs=self.decode_plan.graphs,
+            graph_interval=config.q_padding_interval_size)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
@@ -181,8 +176,8 @@ class EngineLoop:
             "num_swapped_out": self.scheduler.blocks.num_swapped_out,
             "num_swapped_in": self.scheduler.blocks.num_swapped_in,
             "num_sliding_blocks": self.sizing.num_sliding_blocks,
-            "max_blocks_per_request": self.max_blocks_per_request,
-            "decode_fast_path": int(self.decode_fast_path),
+            "max_blocks_per_request": self.decode_plan.max_blocks_per_request,
+            "decode_fast_path": int(self.decode_plan.tables is not None),
             "num_decode_graphs": len(graphs.graphs) if graphs else 0,
             "num_graph_steps": graphs.num_steps if graphs else 0,
             "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
@@ -219,9 +214,13 @@ class EngineLoop:
             self.runner.capture_graphs()
 
     def release(self) -> None:
+        if self.runner.decode_graphs is not None:
+            self.runner.decode_graphs.release()
         self.runner.cache.release()
         if self.runner.offload_cache is not None:
             self.runner.offload_cache.release()
+        if self.runner.device.type == "cuda":    # the next manager's sizing sees it free
+            torch.cuda.empty_cache()
 
     # -- engine thread -------------------------------------------------------------------
     def run(self) -> None:

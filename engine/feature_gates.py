@@ -7,8 +7,12 @@ graphs of its steps."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+
+import torch
 
 from .config import ContinuousBatchingConfig
+from .decode_tables import DecodeTables, decode_tables_for
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +77,35 @@ def decode_graphs(config: ContinuousBatchingConfig, fast_path: bool, device,
         return "capture"
     (logger.warning if wanted else logger.debug)("CUDA graphs off: %s", reason)
     return None
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    max_blocks_per_request: int
+    tables: DecodeTables | None
+    """The decode fast path's table widths, or None when the path is off."""
+    graphs: str | None
+    """"capture" when its steps get CUDA graphs."""
+
+
+def plan_decode_paths(config: ContinuousBatchingConfig, module, device: torch.device,
+                      page_size: int, kv_dtype: torch.dtype, workload_hints: dict,
+                      distributed: bool) -> DecodePlan:
+    """Per manager: on CUDA the attention backend (flash where it serves this page
+    size, see attention/backend.py), then the decode fast path and its graphs."""
+    from .attention.backend import switch_to_cb_friendly_attn
+    from .kv_cache.sizing import resolve_max_blocks_per_request
+
+    if device.type == "cuda":      # each manager decides anew (its page size, its flag)
+        switch_to_cb_friendly_attn(module, config.auto_switch_to_flash, page_size)
+    backend = module.attn_backend
+    max_blocks = resolve_max_blocks_per_request(config, page_size, workload_hints)
+    on = decode_fast_path(config, max_blocks, getattr(module, "sliding_window", None),
+                          backend, device)
+    tables = None
+    if on:
+        element_size = torch.empty((), dtype=kv_dtype).element_size()
+        tables = decode_tables_for(backend.needs_block_tables, max_blocks, page_size,
+                                   config.kv_padding_interval_size,
+                                   2 * module.num_kv_heads * module.head_dim * element_size)
+    return DecodePlan(max_blocks, tables, decode_graphs(config, on, device, distributed))

@@ -219,7 +219,7 @@ class ContinuousBatchingManager:
 
     def warmup(self) -> None:
         """Run a dummy batch through the model and record the decode CUDA graphs, where
-        there are any (CUDA with the flash backend's decode fast path)."""
+        there are any (the decode fast path on CUDA, either backend)."""
         self.loop.warmup()
         release_openmp_pool()   # the dummy batch ran on this thread (see cpu_threads.py)
 

@@ -140,6 +140,9 @@ class EngineModel:
         from .runner import ModelRunner
         from .scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 
+        if self.device.type == "cuda":   # a flash backend only where this page size suits it
+            from .attention.backend import keep_backend_fit
+            keep_backend_fit(self.module, page_size)
         num_blocks = blocks_needed(len(input_ids), page_size)
         sizing = CacheSizing(num_blocks, page_size, len(input_ids), 1, 0)
         runner = ModelRunner(self.module, sizing, seed=0)

@@ -8,6 +8,7 @@ import torch
 
 from .batch import StepInputs, build_step_inputs
 from .cuda_graphs import DecodeGraphs
+from .decode_tables import DecodeTables
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
@@ -27,12 +28,12 @@ DEFAULT_THREADS = torch.get_num_threads()
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
                  num_offload_blocks: int = 0, step_sync: StepSync | None = None,
-                 decode_table_width: int = 0, decode_graphs: str | None = None,
+                 decode_tables: DecodeTables | None = None, decode_graphs: str | None = None,
                  graph_interval: int = 0) -> None:
-        """`decode_table_width`: max_blocks_per_request when the decode fast path is on,
-        else 0. `decode_graphs`: "capture" (CUDA graphs of fast-path decode steps),
-        "eager" (the same padded static-buffer steps without graphs: tests) or None;
-        they add one scratch block to the cache (cuda_graphs.py)."""
+        """`decode_tables`: the decode fast path's table widths when it is on
+        (decode_tables.py). `decode_graphs`: "capture" (CUDA graphs of fast-path decode
+        steps), "eager" (the same padded static-buffer steps without graphs: tests) or
+        None; they add one scratch block to the cache (cuda_graphs.py)."""
         parameter = next(model.parameters())
         self.model = model
         self.step_sync = step_sync
@@ -47,7 +48,7 @@ class ModelRunner:
         layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
         self.sliding_pool = bool(sizing.num_sliding_blocks)
         self.has_full_layers = not all(layer_is_sliding)
-        scratch_blocks = 1 if decode_graphs else 0     # graphs' padding page (cuda_graphs.py)
+        scratch_blocks = 1 if decode_graphs and decode_tables else 0   # graphs' padding page
         layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
                             else sizing.num_blocks + scratch_blocks for sliding in layer_is_sliding]
         self.cache = PagedKVCache(
@@ -76,9 +77,9 @@ class ModelRunner:
                              and self.native_kernels.vector_attention(model.head_dim))
         """Short prefill chunks run as per-row queries of the native attention kernel
         (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
-        self.decode_table_width = decode_table_width
-        self.decode_graphs = None if not decode_graphs else DecodeGraphs(
-            model, self.cache, sizing.max_requests_per_batch, decode_table_width,
+        self.decode_tables = decode_tables
+        self.decode_graphs = None if not (decode_graphs and decode_tables) else DecodeGraphs(
+            model, self.cache, sizing.max_requests_per_batch, decode_tables.widths(),
             scratch_block=sizing.num_blocks, interval=graph_interval,
             capture=decode_graphs == "capture")
 
@@ -144,7 +145,7 @@ class ModelRunner:
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
                                  self.has_full_layers, self.step_queries and not paged_tables,
-                                 paged_tables, self.decode_table_width)
+                                 paged_tables, self.decode_tables)
 
     @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:

@@ -68,11 +68,28 @@ def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
     if auto_switch_to_flash:
         cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
                                      getattr(model, "kv_cache_dtype", None))
-        reason = flash_unsupported_reason(parameter.device, cache_dtype, page_size)
+        reason = flash_unsupported_reason(parameter.device, cache_dtype, page_size,
+                                          getattr(model, "head_dim", None))
         if reason is None:
             model.attn_backend = get_backend("flash")
             return model.attn_backend.name
         if parameter.device.type == "cuda":
             logger.info("attention: torch backend (%s)", reason)
     model.attn_backend = get_backend("torch")
+    return model.attn_backend.name
+
+
+def keep_backend_fit(model, page_size: int) -> str:
+    """Keep `model`'s backend unless it pages through block tables (flash) and this
+    page size or device cannot serve it: then the torch backend. Returns its name."""
+    from ..kv_cache.paged_cache import kv_cache_dtype
+    from .flash_backend import flash_unsupported_reason
+
+    if getattr(model.attn_backend, "needs_block_tables", False):
+        parameter = next(model.parameters())
+        cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
+                                     getattr(model, "kv_cache_dtype", None))
+        if flash_unsupported_reason(parameter.device, cache_dtype, page_size,
+                                    getattr(model, "head_dim", None)):
+            model.attn_backend = get_backend("torch")
     return model.attn_backend.name

@@ -33,6 +33,7 @@ def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache
     -> [B, H, D] in query's dtype, computed in the wider of query's and the cache's."""
     batch, width = block_table.shape
     page_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    group = query.shape[1] // num_kv_heads
     dtype = torch.promote_types(query.dtype, key_cache.dtype)
     blocks = block_table.long()
     keys = key_cache[blocks].view(batch, width * page_size, num_kv_heads, head_dim)
@@ -42,8 +43,10 @@ def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache
     visible = key_pos < lengths                                               # [B, L]
     if window is not None:
         visible &= key_pos > lengths - 1 - window
+    # the G query heads of a KV head as G query rows of it: no K/V repeated per head
+    # (SDPA's GQA option would copy them, and its kernels with a mask lack it)
     out = F.scaled_dot_product_attention(
-        query.to(dtype).unsqueeze(2),                                         # [B, H, 1, D]
+        query.to(dtype).reshape(batch, num_kv_heads, group, head_dim),        # [B, KVH, G, D]
         keys.to(dtype).transpose(1, 2), values.to(dtype).transpose(1, 2),     # [B, KVH, L, D]
-        attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True)
-    return out.squeeze(2).to(query.dtype)
+        attn_mask=visible[:, None, None, :], scale=scale)                     # [B, KVH, G, D]
+    return out.reshape(batch, num_kv_heads * group, head_dim).to(query.dtype)

@@ -15,9 +15,10 @@ its row of `meta.block_table`, the caches being in flash-attn's paged layout alr
 Sliding layers pass window_size=(window - 1, 0): a query at position p sees keys
 p-window+1..p, the engine's rule (q - window < k <= q).
 
-Where this backend applies (`flash_unsupported_reason`): CUDA, flash-attn installed,
-fp16/bf16 caches, pages of a multiple of 256 tokens (flash-attn's paged kernels need
-it). `switch_to_cb_friendly_attn` only picks it there. The kernels arrive as a
+Where this backend applies (`flash_unsupported_reason`): CUDA (compute capability 8.0+),
+flash-attn 2.5.7+ installed, fp16/bf16 caches, pages of a multiple of 256 tokens
+(flash-attn's paged kernels need it), head sizes a multiple of 8 up to 256.
+`switch_to_cb_friendly_attn` only picks it there. The kernels arrive as a
 `FlashFunctions`, so a reference implementation of the same contract can drive this
 code where flash-attn cannot run (the CPU tests do).
 """
@@ -55,17 +56,38 @@ def load_flash_functions() -> FlashFunctions | None:
     return FlashFunctions(flash_attn_varlen_func, flash_attn_with_kvcache)
 
 
+PAGED_VARLEN_VERSION = (2, 5, 7)
+"""flash-attn's first release whose flash_attn_varlen_func takes a block_table."""
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def flash_unsupported_reason(device: torch.device, cache_dtype: torch.dtype,
-                             page_size: int | None) -> str | None:
-    """Why the flash backend cannot serve this setup, or None when it can."""
+                             page_size: int | None, head_dim: int | None = None) -> str | None:
+    """Why the flash backend cannot serve this setup, or None when it can (None for
+    page_size or head_dim: not known yet, not checked)."""
     if device.type != "cuda":
         return "flash-attn runs on CUDA only"
     if cache_dtype not in FLASH_DTYPES:
         return f"flash-attn needs a float16 or bfloat16 KV cache, not {cache_dtype}"
     if page_size is not None and page_size % PAGE_MULTIPLE:
         return f"flash-attn's paged kernels need page_size a multiple of {PAGE_MULTIPLE}"
+    if head_dim is not None and (head_dim % 8 or head_dim > 256):
+        # other sizes are padded: a copy of the whole paged cache per call
+        return f"flash-attn serves head sizes that are multiples of 8 up to 256, not {head_dim}"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "flash-attn 2 needs a GPU of compute capability 8.0 or newer"
     if load_flash_functions() is None:
         return "flash-attn is not installed"
+    import flash_attn
+    if _version(getattr(flash_attn, "__version__", "0")) < PAGED_VARLEN_VERSION:
+        return "flash-attn older than 2.5.7 has no paged varlen attention"
     return None
 
 

@@ -26,11 +26,12 @@ class PrefillSlice:
     start: int                 # position of its first row (tokens already cached before it)
     kv_slots: torch.Tensor | None
     """[L] cache slots of the context positions (0..start+n-1, or the window's part of
-    it); None when start == 0 and no window cuts the chunk: the fresh K/V of this
-    step are then the whole context."""
+    it); None when start == 0 and no window cuts the chunk (the fresh K/V of this
+    step are then the whole context), and on steps for block-table backends, which
+    never read it."""
     mask: torch.Tensor | None
     """[n, L] bool, True = may attend (causal with an offset, and the window); None
-    exactly when kv_slots is None (plain causal)."""
+    exactly when kv_slots is None."""
 
 
 @dataclass(frozen=True)
@@ -78,5 +79,5 @@ class AttentionMetadata:
     max_seqlen_k: int = 0
     """Longest context after the step (with block_table)."""
     decode_fast_path: bool = False
-    """Decode-only step whose block_table has the fixed width max_blocks_per_request:
-    the backend may take flash_attn_with_kvcache."""
+    """Decode-only step on the decode fast path: block_table has the fixed width that
+    decode_tables.py chose, and the decode slots and mask are not built."""

@@ -80,5 +80,9 @@ def copy_blocks(source: PagedKVCache, target: PagedKVCache,
     for caches in ((source.key_caches, target.key_caches),
                    (source.value_caches, target.value_caches)):
         for source_layer, target_layer in zip(*caches):
-            blocks = source_layer.index_select(0, source_ids).to(target.device, non_blocking=True)
+            # non-blocking only towards an accelerator: the copy is queued before the
+            # index_copy_ on the same stream. Towards the host, index_copy_ would read
+            # the pinned buffer before the copy landed.
+            blocks = source_layer.index_select(0, source_ids).to(
+                target.device, non_blocking=target.device.type != "cpu")
             target_layer.index_copy_(0, target_ids, blocks)

@@ -1,7 +1,7 @@
 """Decode CUDA graphs' padding and bucket logic (engine/cuda_graphs.py), run eagerly on
 CPU with the flash backend on a reference of its kernels: padded static-buffer steps
 give the plain steps' tokens and leave every request's pages as the plain steps do
-(padding rows write only to the scratch page). tests/engine/test_flash_gpu.py records
+(padding rows write only to the scratch page). tests/engine/test_gpu_paths.py records
 and replays real graphs where there is a GPU."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode
 from engine.attention.flash_backend import FlashPagedAttention
 from engine.cuda_graphs import graph_batch_sizes
+from engine.decode_tables import DecodeTables, decode_tables_for
 from engine.feature_gates import decode_graphs
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
@@ -35,6 +36,22 @@ def test_bucket_sizes():
     assert graph_batch_sizes(10, interval=4) == [4, 8, 12]
     with pytest.raises(ValueError, match="max_requests"):
         graph_batch_sizes(0)
+
+
+def test_table_widths_follow_the_kernel_that_reads_them():
+    flash = decode_tables_for(True, 8, PAGE, 0, bytes_per_key=768)
+    assert flash.widths() == [8] and flash.width_for(3, 64, PAGE) == 8
+    torch_tables = decode_tables_for(False, 8, PAGE, 0, bytes_per_key=768)
+    assert torch_tables.widths() == [1, 2, 4, 8]
+    assert torch_tables.width_for(3, 2, PAGE) == 4 and torch_tables.width_for(9, 1, PAGE) is None
+    # the gather cap: 1 GiB of K and V at 768 bytes a key
+    assert torch_tables.max_keys == (1 << 30) // 768
+    assert torch_tables.width_for(8, 1000, PAGE) is None
+    stepped = decode_tables_for(False, 8, PAGE, kv_padding_interval_size=700, bytes_per_key=768)
+    assert stepped.widths() == [3, 6, 8]                       # ceil(700 / 256) = 3 blocks
+    assert DecodeTables(5, round_up=True).widths() == [1, 2, 4, 5]
+    with pytest.raises(ValueError):
+        DecodeTables(0)
 
 
 def test_graphs_only_where_they_work():
@@ -81,8 +98,9 @@ def test_padded_steps_equal_plain_steps(tiny_llama, backend):
                            if backend == "flash" else get_backend("torch"))
     try:
         sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 11, 0)
-        plain = ModelRunner(module, sizing, seed=0, decode_table_width=3)
-        padded = ModelRunner(module, sizing, seed=0, decode_table_width=3, decode_graphs="eager")
+        tables = DecodeTables(3, round_up=backend == "torch")
+        plain = ModelRunner(module, sizing, seed=0, decode_tables=tables)
+        padded = ModelRunner(module, sizing, seed=0, decode_tables=tables, decode_graphs="eager")
         assert padded.cache.key_caches[0].shape[0] == NUM_BLOCKS + 1     # the scratch page
         assert padded.decode_graphs.sizes == [1, 2, 4, 8, 16]
         for runner in (plain, padded):                # the same start, NaN-free pages

@@ -2,7 +2,7 @@
 of flash-attn's paged contract (tests/engine/flash_reference.py): transformers'
 greedy tokens through chunked prefill, prefix-cache hits, the decode fast path and
 its varlen fallback, and sliding windows; the block tables the engine builds; where
-`switch_to_cb_friendly_attn` picks the backend. tests/engine/test_flash_gpu.py runs
+`switch_to_cb_friendly_attn` picks the backend. tests/engine/test_gpu_paths.py runs
 the real kernels where there is a GPU."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from engine.attention.backend import get_backend, switch_to_cb_friendly_attn
 from engine.attention.flash_backend import FlashPagedAttention, flash_unsupported_reason
 from engine.batch import build_step_inputs
+from engine.decode_tables import DecodeTables
 from engine.generation_config import SamplingParams
 from engine.requests import RequestState
 from engine.scheduler import ScheduledBatch, ScheduledRequest
@@ -90,16 +91,24 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     assert meta.block_table.dtype == meta.cu_seqlens_k.dtype == torch.int32
     assert meta.cu_seqlens_k.tolist() == [0, 300, 310]
     assert (meta.max_seqlen_q, meta.max_seqlen_k, meta.decode_fast_path) == (1, 300, False)
-    fast = build_step_inputs(decodes, PAGE, cpu, paged_tables=True, decode_table_width=4).meta
+    assert meta.decode_kv_slots is None              # the torch backend's gathers: not built
+    fast = build_step_inputs(decodes, PAGE, cpu, paged_tables=True,
+                             decode_tables=DecodeTables(4)).meta
     assert fast.decode_fast_path and fast.block_table.tolist() == [[7, 2, 0, 0], [4, 0, 0, 0]]
-    too_narrow = build_step_inputs(decodes, PAGE, cpu, paged_tables=True, decode_table_width=1)
+    too_narrow = build_step_inputs(decodes, PAGE, cpu, paged_tables=True,
+                                   decode_tables=DecodeTables(1))
     assert not too_narrow.meta.decode_fast_path
+    rounded = build_step_inputs(decodes, PAGE, cpu, decode_tables=DecodeTables(8, round_up=True))
+    assert rounded.meta.block_table.tolist() == [[7, 2], [4, 0]]      # 2 blocks: width 2
+    assert rounded.meta.decode_fast_path and rounded.meta.decode_kv_slots is None
+    capped = DecodeTables(8, round_up=True, max_keys=2 * 2 * PAGE - 1)
+    assert not build_step_inputs(decodes, PAGE, cpu, decode_tables=capped).meta.decode_fast_path
     chunk = _request("c", [3, 5, 9], 600)
     chunk.sliding_block_ids = [None, 5, 9]               # block 3 fell out of the window
     mixed = ScheduledBatch([ScheduledRequest(chunk, 520, 16, True), decodes.entries[1]], [])
     meta = build_step_inputs(mixed, PAGE, cpu, sliding_window=7,
                              sliding_blocks=lambda r: r.sliding_block_ids or r.block_ids,
-                             paged_tables=True, decode_table_width=4).meta
+                             paged_tables=True, decode_tables=DecodeTables(4)).meta
     assert not meta.decode_fast_path                     # a prefill chunk: varlen
     assert meta.block_table.tolist() == [[3, 5, 9], [4, 0, 0]]
     assert (meta.max_seqlen_q, meta.max_seqlen_k) == (16, 536)
@@ -119,16 +128,21 @@ def test_one_layer_equals_the_torch_backend(window, decode_only):
         entries.append(ScheduledRequest(_request("c", [0, 3, 5], 600), 520, 16, True))
     batch = ScheduledBatch(entries, [])
     cpu = torch.device("cpu")
-    inputs = build_step_inputs(batch, PAGE, cpu, sliding_window=window, full_layers=window is None,
-                               paged_tables=True, decode_table_width=3)
-    meta = inputs.meta if window is None else inputs.meta.sliding
+    def group(inputs):
+        return inputs.meta if window is None else inputs.meta.sliding
+
+    options = dict(sliding_window=window, full_layers=window is None)
+    inputs = build_step_inputs(batch, PAGE, cpu, paged_tables=True,
+                               decode_tables=DecodeTables(3), **options)
+    meta = group(inputs)
     assert meta.decode_fast_path == decode_only
+    torch_meta = group(build_step_inputs(batch, PAGE, cpu, **options))   # its own gathers
     rows = inputs.input_ids.numel()
     query = torch.randn(rows, 6, 16, generator=generator)
     key, value = torch.randn(2, rows, 2, 16, generator=generator)
     cache = torch.randn(2, 6, PAGE, 2, 16, generator=generator)
     flash_cache = cache.clone()
-    want = get_backend("torch").forward(query, key, value, cache[0], cache[1], meta, 0.25)
+    want = get_backend("torch").forward(query, key, value, cache[0], cache[1], torch_meta, 0.25)
     got = FlashPagedAttention(CountingFunctions().functions()).forward(
         query, key, value, flash_cache[0], flash_cache[1], meta, 0.25)
     torch.testing.assert_close(flash_cache, cache)            # the same slots written

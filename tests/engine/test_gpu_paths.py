@@ -22,6 +22,26 @@ needs_flash = pytest.mark.skipif(not torch.cuda.is_available() or load_flash_fun
                                  reason="needs a CUDA device and flash-attn")
 
 
+SMALL_CACHE = dict(num_blocks=64)
+"""The tests' caches stay small, whatever the GPU has free."""
+
+
+@pytest.fixture(scope="module")
+def head16(tmp_path_factory):
+    """A tiny Llama with 16-wide heads (flash-attn serves multiples of 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(81)
+    config = LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False)
+    reference = LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-llama-head16-gpu")
+    reference.save_pretrained(path)
+    return path, reference
+
+
 @torch.inference_mode()
 def greedy_on(reference, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt], device=reference.device)
@@ -32,13 +52,13 @@ def greedy_on(reference, prompt: list[int], max_new_tokens: int) -> list[int]:
 
 
 @needs_cuda
-def test_graphs_give_transformers_tokens_in_float32(tiny_models):
-    path, reference = tiny_models["llama"]
+def test_graphs_give_transformers_tokens_in_float32(head16):
+    path, reference = head16
     gpu_reference = copy.deepcopy(reference).to("cuda")
     model = load_model(path, device="cuda", progress=False)
     prompts = random_prompts(5, 20, 60, seed=71)
     tokens, stats = generate_and_inspect(model, prompts, 12, warmup=True,
-                                         auto_switch_to_flash=False)
+                                         auto_switch_to_flash=False, **SMALL_CACHE)
     assert stats["decode_fast_path"] == 1
     assert stats["num_decode_graphs"] > 0 and stats["num_graph_steps"] > 0
     assert tokens == [greedy_on(gpu_reference, p, 12) for p in prompts]
@@ -46,12 +66,12 @@ def test_graphs_give_transformers_tokens_in_float32(tiny_models):
 
 @needs_cuda
 @pytest.mark.parametrize("auto_switch_to_flash", [False, True])
-def test_replayed_steps_equal_eager_steps(tiny_models, auto_switch_to_flash):
+def test_replayed_steps_equal_eager_steps(head16, auto_switch_to_flash):
     """Four requests decode together: bucket 4, no padding, the same kernels."""
-    path, _ = tiny_models["llama"]
+    path, _ = head16
     model = load_model(path, dtype="bfloat16", device="cuda", progress=False)
     prompts = random_prompts(4, 30, 30, seed=72)
-    config = dict(auto_switch_to_flash=auto_switch_to_flash)
+    config = dict(auto_switch_to_flash=auto_switch_to_flash, **SMALL_CACHE)
     eager, _ = generate_and_inspect(model, prompts, 24, use_cuda_graph=False, **config)
     replayed, stats = generate_and_inspect(model, prompts, 24, warmup=True, **config)
     assert stats["num_graph_steps"] >= 23
@@ -85,8 +105,8 @@ def test_flash_kernels_follow_the_reference(window):
 
 
 @needs_flash
-def test_flash_backend_logits_near_the_torch_backend(tiny_models):
-    path, _ = tiny_models["llama"]
+def test_flash_backend_logits_near_the_torch_backend(head16):
+    path, _ = head16
     model = load_model(path, dtype="bfloat16", device="cuda", progress=False)
     ids = random_prompts(1, 300, 300, seed=73)[0]
     model.module.attn_backend = get_backend("torch")
