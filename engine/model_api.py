@@ -219,10 +219,21 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
     if device.type == "cpu" and tp_size == 1:
         pack_dense_weights(module)
+        _use_packed_layers(module, cache_dir)
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return model
+
+
+def _use_packed_layers(module, cache_dir) -> None:
+    """Layers of packed weights run larger CPU steps as direct calls (packed_layer.py)."""
+    from .kernels import load_native_kernels
+    from .models.packed_layer import use_packed_layers
+
+    kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
+    if kernels is not None:
+        logger.debug("%d layers on the packed-layer path", use_packed_layers(module, kernels))
 
 
 def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:

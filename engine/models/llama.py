@@ -118,10 +118,17 @@ class DecoderLayer(nn.Module):
         self.fast_decode = None
         """Optional callable with this forward's arguments (but the backend) that
         returns the output or None (not for this step): see models/fast_decode.py."""
+        self.fast_steps = None
+        """Optional callable with this forward's arguments, tried next, likewise: see
+        models/packed_layer.py."""
 
     def forward(self, hidden, cos, sin, kv_cache, meta, backend):
         if self.fast_decode is not None:
             out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
+            if out is not None:
+                return out
+        if self.fast_steps is not None:
+            out = self.fast_steps(hidden, cos, sin, kv_cache, meta, backend)
             if out is not None:
                 return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin,

@@ -1,0 +1,105 @@
+"""The packed-layer path (engine/models/packed_layer.py) computes exactly what the
+layer's modules compute: the same final hidden states and the same cache contents,
+bit for bit, for decode steps and mixed prefill steps; for the default model in
+bf16-weights (fused GGUF MLP) and tiny models in float32 and bf16-weights (MLP
+modules). Steps for the block kernels are left to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import load_model
+from engine.generation_config import SamplingParams
+from engine.kv_cache.sizing import CacheSizing
+from engine.models.block_weights import BF16_KERNEL_ROWS
+from engine.models.packed_layer import PackedLayer
+from engine.requests import RequestState
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledBatch, ScheduledRequest
+
+PAGE = 16
+NUM_BLOCKS = 96
+
+
+def _batch(vocab: int, shapes: list[tuple[int, int]]) -> ScheduledBatch:
+    """Requests feeding positions start..end-1 (shapes: (start, end)), 8 blocks each."""
+    generator = torch.Generator().manual_seed(len(shapes))
+    entries = []
+    for index, (start, end) in enumerate(shapes):
+        prompt = torch.randint(3, vocab, (end,), generator=generator).tolist()
+        request = RequestState(f"r{index}", prompt, 4, (), SamplingParams())
+        request.block_ids = list(range(index * 8, index * 8 + 8))
+        entries.append(ScheduledRequest(request, start, end - start, True))
+    return ScheduledBatch(entries, [])
+
+
+def run_both_ways(model, batch: ScheduledBatch):
+    """The step's final hidden states and caches through the packed layers, then
+    through the modules, from the same random cache contents; and how many layer
+    calls the packed path served."""
+    module = model.module
+    runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
+    generator = torch.Generator().manual_seed(1)
+    caches = runner.cache.key_caches + runner.cache.value_caches
+    for cache in caches:
+        cache.copy_(torch.randn(cache.shape, generator=generator))
+    start = [cache.clone() for cache in caches]
+    inputs = runner._inputs(batch)
+    layers = list(module.layers)
+    installed = [layer.fast_steps for layer in layers]
+    served = []
+    results = []
+    try:
+        for use_packed in (True, False):
+            for layer, packed in zip(layers, installed):
+                layer.fast_steps = None if not use_packed else (
+                    lambda *args, packed=packed: served.append(packed(*args)) or served[-1])
+            for cache, initial in zip(caches, start):
+                cache.copy_(initial)
+            with torch.inference_mode():
+                hidden = module(inputs.input_ids, inputs.positions, runner.cache, inputs.meta)
+            results.append((hidden, [cache.clone() for cache in caches]))
+    finally:
+        for layer, packed in zip(layers, installed):
+            layer.fast_steps = packed
+    return results, sum(out is not None for out in served)
+
+
+def assert_identical(results) -> None:
+    (packed, packed_caches), (modules, module_caches) = results
+    assert torch.equal(packed, modules)
+    assert all(torch.equal(a, b) for a, b in zip(packed_caches, module_caches))
+
+
+@pytest.fixture(scope="module")
+def default_bf16():
+    return load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
+
+
+def test_default_model_steps_are_bit_identical(default_bf16):
+    vocab = default_bf16.config.vocab_size
+    layers = len(default_bf16.module.layers)
+    assert all(isinstance(layer.fast_steps, PackedLayer) for layer in default_bf16.module.layers)
+    decodes = _batch(vocab, [(30 + i, 31 + i) for i in range(12)])
+    results, served = run_both_ways(default_bf16, decodes)
+    assert_identical(results)
+    assert served == layers
+    mixed = _batch(vocab, [(0, 40), (20, 52), (60, 61), (70, 71)])   # chunks and decodes
+    results, served = run_both_ways(default_bf16, mixed)
+    assert_identical(results)
+    assert served == layers
+    small = _batch(vocab, [(30 + i, 31 + i) for i in range(BF16_KERNEL_ROWS)])
+    _, served = run_both_ways(default_bf16, small)          # the block kernels' steps
+    assert served == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16-weights"])
+def test_tiny_model_steps_are_bit_identical(tiny_models, dtype):
+    path, _ = tiny_models["llama"]
+    model = load_model(path, dtype=dtype, progress=False)
+    layers = len(model.module.layers)
+    for shapes in ([(10, 11), (20, 21), (5, 6)], [(0, 33), (8, 20), (40, 41)], [(3, 4)]):
+        results, served = run_both_ways(model, _batch(211, shapes))
+        assert_identical(results)
+        assert served == layers
