@@ -32,6 +32,21 @@ def model_class(family: str):
     return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}[family]
 
 
+def save_head16_llama(path, seed: int, max_position_embeddings: int = 512):
+    """Save a tiny random Llama with 16-wide heads (the native attention kernel's vector
+    path; a head size flash-attn serves) to `path`; returns the transformers model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6,
+                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    reference = LlamaForCausalLM(config).eval()
+    reference.save_pretrained(path)
+    return reference
+
+
 def random_prompts(count: int, min_len: int, max_len: int, vocab: int = 211, seed: int = 0):
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(min_len, max_len))]

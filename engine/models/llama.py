@@ -68,15 +68,8 @@ class Attention(nn.Module):
         key_cache = kv_cache.key_caches[self.layer_idx]
         value_cache = kv_cache.value_caches[self.layer_idx]
         if self.q_norm is None and native_rope_fits(qkv, cos, sin, key_cache, value_cache, meta):
-            # one native call rotates q and k in place and writes k, v to the cache
-            default_kernels().rope_store(qkv, heads, cos, sin, meta.slot_mapping,
-                                         key_cache.view(-1, kv_heads, head_dim),
-                                         value_cache.view(-1, kv_heads, head_dim))
-            q, k, v = qkv.view(num_tokens, heads + 2 * kv_heads, head_dim).split(
-                [heads, kv_heads, kv_heads], dim=1)
-            out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale,
-                                  cache_written=True)
-            return self.o_proj(out.reshape(num_tokens, self.q_size))
+            return self.o_proj(self.attend_native(qkv, cos, sin, key_cache, value_cache, meta,
+                                                  backend, default_kernels()))
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, kv_heads, head_dim)
         if self.q_norm is None:        # rotate q and k together: [T, H + KVH, D]
             qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, heads + kv_heads, head_dim)
@@ -88,6 +81,23 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+    def attend_native(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      meta: AttentionMetadata, backend, kernels) -> torch.Tensor:
+        """qkv [T, (H + 2 KVH) * D] fp32 -> attention output [T, H * D]: one native call
+        rotates q and k in place and writes k, v to the cache, then the backend attends
+        (the caller checked native_rope_fits)."""
+        num_tokens, heads, kv_heads = qkv.shape[0], self.num_heads, self.num_kv_heads
+        kernels.rope_store(qkv, heads, cos, sin, meta.slot_mapping,
+                           key_cache.view(-1, kv_heads, self.head_dim),
+                           value_cache.view(-1, kv_heads, self.head_dim))
+        q, k, v = qkv.view(num_tokens, heads + 2 * kv_heads, self.head_dim).split(
+            [heads, kv_heads, kv_heads], dim=1)
+        out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale,
+                              cache_written=True)
+        return out.reshape(num_tokens, self.q_size)
 
 
 def native_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -75,18 +75,10 @@ class PackedLayer:
                 and hidden.is_contiguous() and hidden.device.type == "cpu"
                 and _step_fits(meta, cos, sin, key_cache, value_cache)):
             return None
-        heads, kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         qkv = packed_linear(kernels.rms_norm(hidden, self.first.weight, self.first.eps,
                                              self.dtype), self.qkv).float()
-        kernels.rope_store(qkv, heads, cos, sin, meta.slot_mapping,
-                           key_cache.view(-1, kv_heads, head_dim),
-                           value_cache.view(-1, kv_heads, head_dim))
-        q, k, v = qkv.view(rows, heads + 2 * kv_heads, head_dim).split(
-            [heads, kv_heads, kv_heads], dim=1)
-        out = backend.forward(q, k, v, key_cache, value_cache, meta, attn.scale,
-                              cache_written=True)
-        hidden = hidden + packed_linear(out.reshape(rows, attn.q_size).to(self.dtype),
-                                        self.o).float()
+        out = attn.attend_native(qkv, cos, sin, key_cache, value_cache, meta, backend, kernels)
+        hidden = hidden + packed_linear(out.to(self.dtype), self.o).float()
         if self.gate_up is None:
             return hidden + self.layer.mlp(self.second(hidden))
         normed = kernels.rms_norm(hidden, self.second.weight, self.second.eps, self.dtype)

@@ -15,7 +15,7 @@ from engine import load_model
 from engine.attention.backend import get_backend
 from engine.attention.flash_backend import load_flash_functions
 from tests.engine import flash_reference
-from tests.helpers import generate_and_inspect, random_prompts
+from tests.helpers import generate_and_inspect, random_prompts, save_head16_llama
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 needs_flash = pytest.mark.skipif(not torch.cuda.is_available() or load_flash_functions() is None,
@@ -29,17 +29,8 @@ SMALL_CACHE = dict(num_blocks=64)
 @pytest.fixture(scope="module")
 def head16(tmp_path_factory):
     """A tiny Llama with 16-wide heads (flash-attn serves multiples of 8)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(81)
-    config = LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
-                         eos_token_id=2, tie_word_embeddings=False)
-    reference = LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-llama-head16-gpu")
-    reference.save_pretrained(path)
-    return path, reference
+    return path, save_head16_llama(path, seed=81, max_position_embeddings=1024)
 
 
 @torch.inference_mode()

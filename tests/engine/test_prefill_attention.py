@@ -13,22 +13,14 @@ from engine.batch import STEP_QUERY_MAX_PAIRS, build_step_inputs
 from engine.generation_config import SamplingParams
 from engine.requests import RequestState
 from engine.scheduler import ScheduledBatch, ScheduledRequest
-from tests.helpers import random_prompts, reference_greedy
+from tests.helpers import random_prompts, reference_greedy, save_head16_llama
 
 
 @pytest.fixture(scope="module")
 def head16(tmp_path_factory):
     """A tiny Llama whose head size (16) runs on the kernel's vector path."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(77)
-    config = LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1,
-                         eos_token_id=2, tie_word_embeddings=False)
-    reference = LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-llama-head16")
-    reference.save_pretrained(path)
+    reference = save_head16_llama(path, seed=77)
     return load_model(path, progress=False), reference
 
 
