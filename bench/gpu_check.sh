@@ -23,8 +23,8 @@ transformers.__version__, torch.cuda.get_device_name())"
   python3 -c "import flash_attn; print('flash-attn', flash_attn.__version__)" 2>&1 | tail -1
 } > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-# about 1 minute on an H200; the whole script stays under 8 minutes
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_gpu_paths.py \
+# about 1 minute on an H200; every step has a timeout, together under 9 minutes
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_gpu_paths.py \
   tests/engine/test_decode_graphs.py tests/engine/test_flash_backend.py \
   > "$out/gpu-tests.log" 2>&1
 echo "tests: exit $?, $(tail -1 "$out/gpu-tests.log")"
@@ -33,7 +33,7 @@ timeout 60 python3 -m bench.random_model "$model" > /dev/null 2>&1
 for prompts in 64 1; do
   for graph in off on; do
     name="offline-cuda-p$prompts-graph-$graph"
-    timeout 50 python3 -m bench.offline --model "$model" --device cuda --dtype bfloat16 \
+    timeout 70 python3 -m bench.offline --model "$model" --device cuda --dtype bfloat16 \
       --cuda-graph "$graph" --num-prompts "$prompts" --input-len 64 --output-len 128 \
       --json "$out/$name.json" > "$out/$name.log" 2>&1
     echo "$name: exit $?, $(tail -1 "$out/$name.log")"
