@@ -126,3 +126,25 @@ def test_padded_steps_equal_plain_steps(tiny_llama, backend):
         assert padded.decode_graphs.num_steps == 5
     finally:
         module.attn_backend = saved
+
+
+def test_graphs_serve_only_the_steps_they_were_built_for(tiny_llama):
+    model, _ = tiny_llama
+    sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 3, 0)
+    runner = ModelRunner(model.module, sizing, seed=0,
+                         decode_tables=DecodeTables(4, round_up=True), decode_graphs="eager")
+    graphs = runner.decode_graphs
+    assert graphs.sizes == [1, 2, 4] and graphs.widths == [1, 2, 4]
+    assert graphs.capture_all() == 0                      # eager: nothing to record
+    requests = []
+    for index, blocks in enumerate(([0, 1], [2], [3], [4])):
+        request = RequestState(f"r{index}", [5] * (PAGE * len(blocks) - 3), 8, (), SamplingParams())
+        request.block_ids = blocks
+        requests.append(request)
+    step = runner._inputs(_decode_step(requests[:3]))
+    assert step.meta.block_table.shape == (3, 2) and graphs.fits(step.meta, 3)
+    four = runner._inputs(_decode_step(requests))
+    assert graphs.fits(four.meta, 4)                      # the largest bucket holds 4
+    assert not graphs.fits(four.meta, 5)                  # 5 would not fit it
+    prefill = runner._inputs(ScheduledBatch([ScheduledRequest(requests[0], 0, 4, True)], []))
+    assert not prefill.meta.decode_fast_path and not graphs.fits(prefill.meta, 1)
