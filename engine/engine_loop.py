@@ -25,7 +25,7 @@ from .distributed import StepSync
 from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
-from .feature_gates import adjust_for_sliding, plan_decode_paths
+from .feature_gates import adjust_for_sliding, plan_decode_paths, warn_unbuilt
 from .kv_cache.sizing import compute_sizing, offload_num_blocks
 from .output_router import OutputRouter
 from .outputs import RequestStatus
@@ -76,6 +76,7 @@ class EngineLoop:
             offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
+        warn_unbuilt(config)
         self.decode_plan = plan_decode_paths(config, module, model.device, self.sizing.page_size,
                                              self.kv_dtype, workload_hints,
                                              distributed=self.step_sync is not None)
