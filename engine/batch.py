@@ -8,6 +8,7 @@ the requests' sliding-group blocks, with the window applied.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -152,9 +153,7 @@ def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
     tables = [[b if b is not None else 0 for b in blocks_of(e.request)] for e in batch.entries]
     width = fast_path_width or max(len(table) for table in tables)
     lengths = [e.end for e in batch.entries]
-    cumulative = [0]
-    for length in lengths:
-        cumulative.append(cumulative[-1] + length)
+    cumulative = list(itertools.accumulate(lengths, initial=0))
     return replace(
         meta,
         block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables],

@@ -37,13 +37,6 @@ class AttentionBackend(Protocol):
         ...
 
 
-def flash_available(device: torch.device) -> bool:
-    """Whether flash-attn is installed and `device` is one it runs on."""
-    from .flash_backend import load_flash_functions
-
-    return device.type == "cuda" and load_flash_functions() is not None
-
-
 def get_backend(name: str) -> AttentionBackend:
     from .torch_backend import TorchPagedAttention
 
@@ -61,19 +54,12 @@ def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
     implementation that works on the paged cache: flash attention when asked for and
     it can serve this device, cache dtype and `page_size` (None: not known yet, not
     checked); otherwise the torch backend, with the reason logged. Returns its name."""
-    from ..kv_cache.paged_cache import kv_cache_dtype
-    from .flash_backend import flash_unsupported_reason
-
-    parameter = next(model.parameters())
     if auto_switch_to_flash:
-        cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
-                                     getattr(model, "kv_cache_dtype", None))
-        reason = flash_unsupported_reason(parameter.device, cache_dtype, page_size,
-                                          getattr(model, "head_dim", None))
+        reason = _flash_refusal(model, page_size)
         if reason is None:
             model.attn_backend = get_backend("flash")
             return model.attn_backend.name
-        if parameter.device.type == "cuda":
+        if next(model.parameters()).device.type == "cuda":
             logger.info("attention: torch backend (%s)", reason)
     model.attn_backend = get_backend("torch")
     return model.attn_backend.name
@@ -82,14 +68,19 @@ def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
 def keep_backend_fit(model, page_size: int) -> str:
     """Keep `model`'s backend unless it pages through block tables (flash) and this
     page size or device cannot serve it: then the torch backend. Returns its name."""
+    if getattr(model.attn_backend, "needs_block_tables", False) and _flash_refusal(
+            model, page_size):
+        model.attn_backend = get_backend("torch")
+    return model.attn_backend.name
+
+
+def _flash_refusal(model, page_size: int | None) -> str | None:
+    """Why flash attention cannot serve `model` with pages of `page_size`, or None."""
     from ..kv_cache.paged_cache import kv_cache_dtype
     from .flash_backend import flash_unsupported_reason
 
-    if getattr(model.attn_backend, "needs_block_tables", False):
-        parameter = next(model.parameters())
-        cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
-                                     getattr(model, "kv_cache_dtype", None))
-        if flash_unsupported_reason(parameter.device, cache_dtype, page_size,
-                                    getattr(model, "head_dim", None)):
-            model.attn_backend = get_backend("torch")
-    return model.attn_backend.name
+    parameter = next(model.parameters())
+    cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
+                                 getattr(model, "kv_cache_dtype", None))
+    return flash_unsupported_reason(parameter.device, cache_dtype, page_size,
+                                    getattr(model, "head_dim", None))
