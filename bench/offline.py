@@ -36,7 +36,11 @@ def make_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -
 def run_kvserve(model, prompts, output_len: int, cb_config: dict) -> tuple[float, int]:
     generation = GenerationConfig(max_new_tokens=output_len, eos_token_id=[])
     config = ContinuousBatchingConfig(**cb_config)
-    model.generate_batch(prompts[:2], GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
+    compiling = any(cb_config.get(k) for k in ("default_compile_level", "varlen_compile_config"))
+    # compiled layer steps build a graph per kind of step (prefill waves, decodes) on
+    # first use: a warm-up of the whole batch builds them outside the timing
+    warm = prompts if compiling else prompts[:2]
+    model.generate_batch(warm, GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
     started = time.perf_counter()
     # the process is warm: no dummy prefill inside the timing (CUDA graphs, where there
     # are any, are recorded on the first step of each batch size, inside it)
@@ -98,6 +102,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-requests-per-batch", type=int, default=None,
                         help="at most this many requests per step: the prompts then run "
                              "in waves, as a server's clients at that concurrency send them")
+    parser.add_argument("--compile-level", type=int, default=0,
+                        help="default_compile_level (0-3; it gives no settings on CPU)")
+    parser.add_argument("--compile", default=None, metavar="JSON",
+                        help='compile settings for both paths, e.g. \'{"dynamic": true}\' '
+                             "(varlen_compile_config and decode_compile_config; honoured "
+                             "on CPU too)")
     parser.add_argument("--peers", default="",
                         help=f"comma-separated peers to run on the same weights: {', '.join(PEERS)}")
     parser.add_argument("--static-batch", type=int, default=16,
@@ -121,6 +131,11 @@ def main(argv=None) -> dict:
                                    ("max_requests_per_batch", args.max_requests_per_batch)) if v}
     if args.cuda_graph != "auto":
         cb_config["use_cuda_graph"] = args.cuda_graph == "on"
+    if args.compile_level:
+        cb_config["default_compile_level"] = args.compile_level
+    if args.compile:
+        settings = json.loads(args.compile)
+        cb_config.update(varlen_compile_config=settings, decode_compile_config=settings)
     limits = (measure(model.config.hidden_size, model.config.intermediate_size)
               if model.device.type == "cpu" else
               {"accelerator": torch.cuda.get_device_name(model.device)})   # the CPU's are moot
@@ -153,7 +168,8 @@ def build_report(args, runs: dict, limits: dict) -> dict:
                          "kvserve_speedup": round(ours / rate, 2)}
     return {"workload": {k: getattr(args, k) for k in (
                 "model", "dtype", "kv_cache_dtype", "device", "cuda_graph", "num_prompts",
-                "input_len", "output_len", "max_requests_per_batch", "seed")},
+                "input_len", "output_len", "max_requests_per_batch", "compile_level",
+                "compile", "seed")},
             "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
             "results": results}
 

@@ -12,6 +12,8 @@ import warnings
 from dataclasses import InitVar, dataclass
 from typing import Any
 
+from .compile_paths import compile_settings
+
 SCHEDULER_TYPES = ("fifo", "prefill_first")
 DEFAULT_SAFETY_MARGIN = {"fifo": 0.15, "prefill_first": 0.0}
 
@@ -110,6 +112,8 @@ class ContinuousBatchingConfig:
                "safety_margin", f"must be in [0, 1], got {self.safety_margin!r}")
         _check(_is_int(self.default_compile_level) and 0 <= self.default_compile_level <= 3,
                "default_compile_level", "must be an integer in 0..3")
+        for name in ("varlen_compile_config", "decode_compile_config"):
+            compile_settings(getattr(self, name), name)     # raises naming the field
         _check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or None")
         graph = self.use_cuda_graph
         _check(graph is None or isinstance(graph, bool)

@@ -65,8 +65,12 @@ def graph_batch_sizes(max_requests: int, interval: int = 0) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, cache, max_requests: int, widths: list[int],
-                 scratch_block: int, interval: int = 0, capture: bool = True) -> None:
+                 scratch_block: int, interval: int = 0, capture: bool = True,
+                 layer_step=None) -> None:
+        """`layer_step`: the decode path's compiled layer step (compile_paths.py), which
+        the graphs then record, or None."""
         self.model, self.cache, self.capture = model, cache, capture
+        self.layer_step = layer_step
         self.sizes = graph_batch_sizes(min(max_requests, MAX_BUCKET), interval)
         self.widths = sorted(widths)
         self.scratch_block = scratch_block
@@ -151,7 +155,7 @@ class DecodeGraphs:
 
     def _forward(self, size: int, width: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.cache,
-                          self._meta(size, width))
+                          self._meta(size, width), layer_step=self.layer_step)
 
     def _record(self, size: int, width: int) -> None:
         try:

@@ -25,6 +25,7 @@ from .distributed import StepSync
 from .errors import InvalidRequestError
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
+from .compile_paths import plan_compile
 from .feature_gates import adjust_for_sliding, plan_decode_paths, warn_unbuilt
 from .kv_cache.sizing import compute_sizing, offload_num_blocks
 from .output_router import OutputRouter
@@ -77,13 +78,15 @@ class EngineLoop:
             sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
             sliding_window=sliding_window)
         warn_unbuilt(config)
+        distributed = self.step_sync is not None
         self.decode_plan = plan_decode_paths(config, module, model.device, self.sizing.page_size,
-                                             self.kv_dtype, workload_hints,
-                                             distributed=self.step_sync is not None)
+                                             self.kv_dtype, workload_hints, distributed)
+        compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
+                                    self.decode_plan.tables is not None, distributed)
         self.runner = ModelRunner(
             module, self.sizing, config.seed, num_offload_blocks, self.step_sync,
             decode_tables=self.decode_plan.tables, decode_graphs=self.decode_plan.graphs,
-            graph_interval=config.q_padding_interval_size)
+            graph_interval=config.q_padding_interval_size, compile_plan=compile_plan)
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
@@ -181,6 +184,7 @@ class EngineLoop:
             "decode_fast_path": int(self.decode_plan.tables is not None),
             "num_decode_graphs": len(graphs.graphs) if graphs else 0,
             "num_graph_steps": graphs.num_steps if graphs else 0,
+            "num_compiled_steps": self.runner.num_compiled_steps,
             "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,

@@ -82,10 +82,7 @@ def decode_graphs(config: ContinuousBatchingConfig, fast_path: bool, device,
 def warn_unbuilt(config: ContinuousBatchingConfig) -> list[str]:
     """Log the SPEC fields this engine accepts but does not act on yet; returns them."""
     unbuilt = [name for name, value in (
-        ("use_async_batching", config.use_async_batching),
-        ("default_compile_level", config.default_compile_level),
-        ("varlen_compile_config", config.varlen_compile_config),
-        ("decode_compile_config", config.decode_compile_config)) if value]
+        ("use_async_batching", config.use_async_batching),) if value]
     if unbuilt:
         logger.warning("%s: not built yet, ignored (steps run one after another, eagerly)",
                        ", ".join(unbuilt))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .batch import StepInputs, build_step_inputs
+from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
 from .distributed import StepPlan, StepSync, to_device
@@ -29,11 +30,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
                  num_offload_blocks: int = 0, step_sync: StepSync | None = None,
                  decode_tables: DecodeTables | None = None, decode_graphs: str | None = None,
-                 graph_interval: int = 0) -> None:
+                 graph_interval: int = 0, compile_plan: CompilePlan | None = None) -> None:
         """`decode_tables`: the decode fast path's table widths when it is on
         (decode_tables.py). `decode_graphs`: "capture" (CUDA graphs of fast-path decode
         steps), "eager" (the same padded static-buffer steps without graphs: tests) or
-        None; they add one scratch block to the cache (cuda_graphs.py)."""
+        None; they add one scratch block to the cache (cuda_graphs.py). `compile_plan`:
+        which paths run compiled layer steps (compile_paths.py)."""
         parameter = next(model.parameters())
         self.model = model
         self.step_sync = step_sync
@@ -78,10 +80,13 @@ class ModelRunner:
         """Short prefill chunks run as per-row queries of the native attention kernel
         (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
         self.decode_tables = decode_tables
+        self.varlen_step, self.decode_step = compiled_steps(compile_plan or CompilePlan())
+        self.num_compiled_steps = 0
+        """Steps whose layers ran compiled code (graph replays not counted)."""
         self.decode_graphs = None if not (decode_graphs and decode_tables) else DecodeGraphs(
             model, self.cache, sizing.max_requests_per_batch, decode_tables.widths(),
             scratch_block=sizing.num_blocks, interval=graph_interval,
-            capture=decode_graphs == "capture")
+            capture=decode_graphs == "capture", layer_step=self.decode_step)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -132,7 +137,12 @@ class ModelRunner:
         graphs = self.decode_graphs
         if graphs is not None and graphs.fits(inputs.meta, inputs.input_ids.numel()):
             return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        return self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+        step = self.decode_step if inputs.meta.decode_fast_path else self.varlen_step
+        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta,
+                            layer_step=step)
+        if step is not None and not step.failed:
+            self.num_compiled_steps += 1
+        return hidden
 
     @torch.inference_mode()
     def capture_graphs(self) -> int:

@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
     engine.add_argument("--cpu-offload-space", type=float,
                         help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
+    engine.add_argument("--compile-level", type=int,
+                        help="torch.compile of decoder layers on GPUs, 0-3 (0 = off)")
     testing = parser.add_argument_group("testing")
     testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
                          help="add POST /debug/fail-engine (kills the engine thread)")

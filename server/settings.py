@@ -6,7 +6,7 @@ underscores (`--max-batch-tokens` <-> `max_batch_tokens`); `configs/default.yaml
 lists them all. An unknown key or a bad value stops the server at start with a
 message naming the field, before any model is loaded.
 
-The engine knobs (page_size ... cpu_offload_space) default to None, meaning "let
+The engine knobs (page_size ... compile_level) default to None, meaning "let
 the engine choose"; only the ones that are set reach `ContinuousBatchingConfig`.
 
 One environment variable is read, for secrets that should not sit in a file or a
@@ -40,6 +40,7 @@ ENGINE_KNOBS = {
     "allow_block_sharing": "allow_block_sharing",
     "max_queue_size": "max_queue_size",
     "cpu_offload_space": "cpu_offload_space",
+    "compile_level": "default_compile_level",
 }
 
 
@@ -96,6 +97,7 @@ class ServerSettings(BaseModel):
     allow_block_sharing: bool | None = None
     max_queue_size: int | None = None
     cpu_offload_space: float | None = None
+    compile_level: int | None = Field(None, ge=0, le=3)
 
     enable_fault_injection: bool = False
     """Testing only: adds POST /debug/fail-engine, which makes the engine thread die

@@ -25,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import torch
+
 from .native import NativeKernels
 
 logger = logging.getLogger(__name__)
@@ -109,6 +111,10 @@ _default: list = []
 def default_kernels() -> NativeKernels | None:
     """load_native_kernels() for the default cache folder, looked up once: for the
     per-op callers (norms, attention), which ask on every call (any thread)."""
+    if torch.compiler.is_compiling():
+        # a layer step traced by torch.compile takes the torch ops (compile_paths.py):
+        # dynamo cannot trace a ctypes call
+        return None
     if not _default:
         _default.append(load_native_kernels())
     return _default[0]

@@ -107,7 +107,8 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_features = x.shape[-1]
         rows = x.shape[0] if x.dim() == 2 else x.numel() // in_features
-        if rows > self.max_rows or x.dtype != torch.float32 or x.device.type != "cpu":
+        if (rows > self.max_rows or x.dtype != torch.float32 or x.device.type != "cpu"
+                or torch.compiler.is_compiling()):     # traced: no ctypes kernel call
             return self._dense(x)
         flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(rows, in_features).contiguous()
         y = self.kernels.gemm(self.kind, flat, self.codes, self.scales, self.minima)

@@ -53,7 +53,9 @@ class Gemma3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
 
-    def forward(self, hidden, cos, sin, kv_cache, meta: AttentionMetadata, backend):
+    def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata,
+                backend):
+        """hidden [T, hidden]; key_cache, value_cache: this layer's pages."""
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))      # [T, H, D]
@@ -61,8 +63,7 @@ class Gemma3Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         group_meta = meta.sliding if self.is_sliding else meta
-        out = backend.forward(q, k, v, kv_cache.key_caches[self.layer_idx],
-                              kv_cache.value_caches[self.layer_idx], group_meta, self.scale)
+        out = backend.forward(q, k, v, key_cache, value_cache, group_meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -79,9 +80,20 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
 
-    def forward(self, hidden, rope, kv_cache, meta, backend):
+    def forward(self, hidden, rope, kv_cache, meta, backend, layer_step=None):
+        """`layer_step`: a compiled `torch_step` (compile_paths.py) or None."""
         cos, sin = rope[SLIDING if self.is_sliding else FULL]
-        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta, backend)
+        key_cache = kv_cache.key_caches[self.self_attn.layer_idx]
+        value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
+        if layer_step is not None:
+            return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
+        return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
+
+    def torch_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend):
+        """The layer through its modules; reads no layer index, so one compiled copy
+        serves every layer (sliding and full ones differ in `is_sliding` only)."""
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, key_cache, value_cache,
+                              meta, backend)
         hidden = hidden + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
         return hidden + self.post_feedforward_layernorm(mlp)
@@ -116,13 +128,13 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
             rotary.reset(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, layer_step=None) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
         rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
         for layer in self.layers:
-            hidden = layer(hidden, rope, kv_cache, meta, self.attn_backend)
+            hidden = layer(hidden, rope, kv_cache, meta, self.attn_backend, layer_step)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ class GatedMLP(nn.Module):
         projections can run as one native call (models/block_weights.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
+        if self.fused is not None and not torch.compiler.is_compiling():  # native kernel
             out = self.fused(x)
             if out is not None:
                 return out

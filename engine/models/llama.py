@@ -59,14 +59,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if traits.qk_norm else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
+                key_cache: torch.Tensor, value_cache: torch.Tensor,
+                meta: AttentionMetadata, backend) -> torch.Tensor:
+        """hidden [T, hidden]; key_cache, value_cache: this layer's pages."""
         num_tokens = hidden.shape[0]
         if self.is_sliding:
             meta = meta.sliding
         qkv = self.qkv_proj(hidden)
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        key_cache = kv_cache.key_caches[self.layer_idx]
-        value_cache = kv_cache.value_caches[self.layer_idx]
         if self.q_norm is None and native_rope_fits(qkv, cos, sin, key_cache, value_cache, meta):
             return self.o_proj(self.attend_native(qkv, cos, sin, key_cache, value_cache, meta,
                                                   backend, default_kernels()))
@@ -132,7 +132,13 @@ class DecoderLayer(nn.Module):
         """Optional callable with this forward's arguments, tried next, likewise: see
         models/packed_layer.py."""
 
-    def forward(self, hidden, cos, sin, kv_cache, meta, backend):
+    def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None):
+        """`layer_step`: a compiled `torch_step` (compile_paths.py) that replaces the
+        CPU shortcuts and the modules' eager path for this step, or None."""
+        key_cache = kv_cache.key_caches[self.self_attn.layer_idx]
+        value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
+        if layer_step is not None:
+            return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
         if self.fast_decode is not None:
             out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
             if out is not None:
@@ -141,8 +147,13 @@ class DecoderLayer(nn.Module):
             out = self.fast_steps(hidden, cos, sin, kv_cache, meta, backend)
             if out is not None:
                 return out
+        return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
+
+    def torch_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend):
+        """The layer through its modules. It reads no layer index (its caches come in
+        as arguments), so one compiled copy serves every layer of the model."""
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin,
-                                         kv_cache, meta, backend)
+                                         key_cache, value_cache, meta, backend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -173,12 +184,13 @@ class LlamaFamilyForCausalLM(nn.Module):
         return self.layers[0].self_attn.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+                meta: AttentionMetadata, layer_step=None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]. `layer_step`:
+        see DecoderLayer.forward."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend)
+            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

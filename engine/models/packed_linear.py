@@ -69,12 +69,28 @@ def pack_in_place(module: nn.Module, name: str) -> bool:
     return packed is not None
 
 
+@torch.library.custom_op("kvserve::packed_matmul", mutates_args=())
+def packed_matmul_op(flat: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The packed product as an opaque op for torch.compile: inductor's own lowering of
+    `_linear_pointwise` rejects weights packed outside its graph, so traced layer
+    steps (compile_paths.py) call it through this op instead."""
+    return torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+
+
+@packed_matmul_op.register_fake
+def _(flat: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return flat.new_empty(flat.shape[0], out_features)
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], same dtype."""
     flat = x.reshape(-1, x.shape[-1])
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    y = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+    if torch.compiler.is_compiling():
+        y = packed_matmul_op(flat, packed, packed.size(0))
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -21,6 +21,8 @@ def test_block_size_is_a_deprecated_alias_of_page_size():
     ("scheduler_type", "lifo"), ("safety_margin", 1.5), ("max_memory_percent", 0.0),
     ("num_blocks", 0), ("max_batch_tokens", -1), ("default_compile_level", 4),
     ("max_queue_size", -1), ("cpu_offload_space", -1.0), ("cpu_group_timeout", 1.0),
+    ("varlen_compile_config", {"fullgrap": True}), ("decode_compile_config", "inductor"),
+    ("decode_compile_config", {"mode": "default", "options": {"max_autotune": True}}),
 ])
 def test_invalid_values_name_their_field(field, value):
     with pytest.raises(ValueError, match=field):

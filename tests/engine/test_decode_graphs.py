@@ -13,6 +13,7 @@ from engine import ContinuousBatchingConfig
 from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode
 from engine.attention.flash_backend import FlashPagedAttention
+from engine.compile_paths import CompilePlan, CompileSettings
 from engine.cuda_graphs import graph_batch_sizes
 from engine.decode_tables import DecodeTables, decode_tables_for
 from engine.feature_gates import decode_graphs, warn_unbuilt
@@ -58,8 +59,8 @@ def test_fields_not_built_yet_are_named_in_a_warning(caplog):
     assert warn_unbuilt(ContinuousBatchingConfig()) == []
     config = ContinuousBatchingConfig(use_async_batching=True, default_compile_level=2)
     with caplog.at_level("WARNING", logger="engine.feature_gates"):
-        assert warn_unbuilt(config) == ["use_async_batching", "default_compile_level"]
-    assert "use_async_batching, default_compile_level: not built yet" in caplog.text
+        assert warn_unbuilt(config) == ["use_async_batching"]
+    assert "use_async_batching: not built yet" in caplog.text
 
 
 def test_graphs_only_where_they_work():
@@ -95,20 +96,23 @@ def _decode_step(requests: list[RequestState]) -> ScheduledBatch:
     return ScheduledBatch([ScheduledRequest(r, r.num_tokens - 1, 1, True) for r in requests], [])
 
 
-@pytest.mark.parametrize("backend", ["flash", "torch"])
+@pytest.mark.parametrize("backend", ["flash", "torch", "torch-compiled"])
 def test_padded_steps_equal_plain_steps(tiny_llama, backend):
     """The flash backend (on the reference of its kernels) and the torch backend's
-    fixed-width decode, which accelerators without flash-attn replay."""
+    fixed-width decode, which accelerators without flash-attn replay; and that one
+    through the decode path's compiled layer step (inductor), as graphs record it."""
     model, _ = tiny_llama
     module = model.module
     saved = module.attn_backend
     module.attn_backend = (FlashPagedAttention(CountingFunctions().functions())
                            if backend == "flash" else get_backend("torch"))
+    compiled = CompilePlan(decode=CompileSettings(dynamic=True)) if "compiled" in backend else None
     try:
         sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 11, 0)
-        tables = DecodeTables(3, round_up=backend == "torch")
+        tables = DecodeTables(3, round_up=backend != "flash")
         plain = ModelRunner(module, sizing, seed=0, decode_tables=tables)
-        padded = ModelRunner(module, sizing, seed=0, decode_tables=tables, decode_graphs="eager")
+        padded = ModelRunner(module, sizing, seed=0, decode_tables=tables, decode_graphs="eager",
+                             compile_plan=compiled)
         assert padded.cache.key_caches[0].shape[0] == NUM_BLOCKS + 1     # the scratch page
         assert padded.decode_graphs.sizes == [1, 2, 4, 8, 16]
         for runner in (plain, padded):                # the same start, NaN-free pages
@@ -132,6 +136,8 @@ def test_padded_steps_equal_plain_steps(tiny_llama, backend):
             for request, token in zip(batch.entries, want.token_ids):
                 request.request.generated_tokens.append(token)
         assert padded.decode_graphs.num_steps == 5
+        if compiled:             # every layer of the five decode steps ran compiled
+            assert padded.decode_step.num_calls == 5 * len(module.layers)
     finally:
         module.attn_backend = saved
 

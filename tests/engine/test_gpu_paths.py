@@ -56,6 +56,21 @@ def test_graphs_give_transformers_tokens_in_float32(head16):
 
 
 @needs_cuda
+def test_compiled_steps_and_graphs_give_transformers_tokens(head16):
+    """default_compile_level 1: compiled varlen steps, and compiled decode steps
+    recorded by the graphs."""
+    path, reference = head16
+    gpu_reference = copy.deepcopy(reference).to("cuda")
+    model = load_model(path, device="cuda", progress=False)
+    prompts = random_prompts(5, 20, 60, seed=74)
+    tokens, stats = generate_and_inspect(model, prompts, 12, warmup=True,
+                                         auto_switch_to_flash=False, default_compile_level=1,
+                                         **SMALL_CACHE)
+    assert stats["num_compiled_steps"] > 0 and stats["num_graph_steps"] > 0
+    assert tokens == [greedy_on(gpu_reference, p, 12) for p in prompts]
+
+
+@needs_cuda
 @pytest.mark.parametrize("auto_switch_to_flash", [False, True])
 def test_replayed_steps_equal_eager_steps(head16, auto_switch_to_flash):
     """Four requests decode together: bucket 4, no padding, the same kernels."""

@@ -25,6 +25,8 @@ def test_cli_overrides_file(tmp_path):
     assert (settings.port, settings.page_size, settings.scheduler) == (9100, 32, "prefill_first")
     engine_config = settings.continuous_batching_config()
     assert (engine_config.page_size, engine_config.scheduler_type) == (32, "prefill_first")
+    compiled = parse_settings(["--config", str(config), "--compile-level", "2"])
+    assert compiled.continuous_batching_config().default_compile_level == 2
 
 
 @pytest.mark.parametrize("text, field", [
@@ -34,6 +36,7 @@ def test_cli_overrides_file(tmp_path):
     ("max_memory_percent: 1.5\n", "max_memory_percent"),
     ("scheduler: lifo\n", "scheduler"),
     ("dtype: float8\n", "dtype"),
+    ("compile_level: 4\n", "compile_level"),
 ])
 def test_bad_file_fields_are_named(tmp_path, text, field):
     config = tmp_path / "bad.yaml"

@@ -1,0 +1,104 @@
+"""Compiled layer steps (engine/compile_paths.py): which paths a config compiles on
+which device, transformers' greedy tokens through compiled varlen steps (inductor,
+with the CPU's native shortcuts stepping aside while traced), and a failed
+compilation falling back to eager without losing the step."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import ContinuousBatchingConfig, GenerationConfig
+from engine.compile_paths import CompileSettings, plan_compile
+from tests.helpers import random_prompts, reference_greedy
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def plan(device=CUDA, flash=False, fast_path=True, distributed=False, **config):
+    return plan_compile(ContinuousBatchingConfig(**config), device, flash, fast_path, distributed)
+
+
+def test_levels_give_both_paths_settings_on_accelerators():
+    assert plan() == plan(default_compile_level=0) == plan(CPU, default_compile_level=0)
+    one = CompileSettings(mode="default", dynamic=True)
+    assert plan(default_compile_level=1).varlen == plan(default_compile_level=1).decode == one
+    two = plan(default_compile_level=2).decode
+    assert two.mode == "max-autotune-no-cudagraphs" and two.dynamic is True
+    three = plan(default_compile_level=3).varlen
+    assert three.mode == "max-autotune-no-cudagraphs" and three.dynamic is False
+    flash = plan(flash=True, default_compile_level=1)       # varlen max_seqlen_k varies
+    assert flash.varlen is None and flash.decode == one
+
+
+def test_explicit_configs_win_and_cpu_ignores_levels(caplog):
+    from transformers import CompileConfig
+
+    explicit = plan(default_compile_level=1, varlen_compile_config={"backend": "aot_eager"})
+    assert explicit.varlen == CompileSettings(backend="aot_eager")
+    assert explicit.decode.mode == "default"
+    hf = plan(decode_compile_config=CompileConfig(fullgraph=True, mode="default")).decode
+    assert hf.fullgraph and hf.mode == "default"
+    with caplog.at_level(logging.INFO, logger="engine.compile_paths"):
+        cpu = plan(CPU, fast_path=False, default_compile_level=2,
+                   decode_compile_config={"dynamic": True},
+                   varlen_compile_config={"dynamic": True})
+    assert cpu.varlen == CompileSettings(dynamic=True) and cpu.decode is None
+    assert "no compile settings on CPU" in caplog.text
+    assert "decode_compile_config ignored: the decode fast path is off" in caplog.text
+
+
+def test_tensor_parallelism_and_cuda_graph_modes_are_named(caplog):
+    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+        assert plan(distributed=True, default_compile_level=1) == plan()
+        plan(varlen_compile_config={"mode": "reduce-overhead"})
+    assert "compile off: tensor parallelism" in caplog.text
+    assert "'reduce-overhead' records CUDA graphs of its own" in caplog.text
+
+
+def _generate(model, prompts, max_new_tokens, **config):
+    outputs = model.generate_batch(
+        prompts, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[]),
+        ContinuousBatchingConfig(**config), persistent_manager=True)
+    manager = model._cached_manager
+    stats = manager.stats()
+    manager.destroy()
+    return [o.generated_tokens for o in outputs.values()], stats
+
+
+def test_compiled_varlen_steps_give_transformers_tokens(tiny_llama):
+    """inductor on the CPU's packed fp32 weights, chunked prefill and batched decode;
+    every step (the warm-up prefill too) runs compiled layers."""
+    model, reference = tiny_llama
+    prompts = random_prompts(5, 3, 70, seed=31)
+    want = [reference_greedy(reference, p, 10) for p in prompts]
+    tokens, stats = _generate(model, prompts, 10, max_batch_tokens=64,
+                              varlen_compile_config={"dynamic": True})
+    assert tokens == want
+    assert stats["num_compiled_steps"] == stats["num_steps"] + 1
+
+
+def test_compiled_steps_of_a_hybrid_sliding_model(tiny_gemma3):
+    """Gemma 3's sliding and full layers share the compiled step (aot_eager: the
+    trace without inductor's code generation)."""
+    model, reference = tiny_gemma3
+    prompts = random_prompts(3, 20, 40, seed=32)
+    want = [reference_greedy(reference, p, 8) for p in prompts]
+    tokens, stats = _generate(model, prompts, 8, varlen_compile_config={"backend": "aot_eager"})
+    assert tokens == want and stats["num_compiled_steps"] > stats["num_steps"] > 0
+
+
+def test_a_failed_compilation_runs_the_step_eagerly(tiny_llama, caplog):
+    def broken_backend(graph_module, example_inputs):
+        raise RuntimeError("no code generator here")
+
+    model, reference = tiny_llama
+    prompts = random_prompts(3, 5, 20, seed=33)
+    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+        tokens, stats = _generate(model, prompts, 6,
+                                  varlen_compile_config={"backend": broken_backend})
+    assert tokens == [reference_greedy(reference, p, 6) for p in prompts]
+    assert stats["num_compiled_steps"] == 0
+    assert "compile of the varlen path failed" in caplog.text
