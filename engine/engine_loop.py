@@ -8,7 +8,9 @@
         update requests, deliver outputs
 
 Everything here runs on the engine thread except the methods marked "any thread",
-which only touch the inbox, flags under locks, or read sizes.
+which only touch the inbox, flags under locks, or read sizes. What the loop is built
+from (cache sizing, scheduler, plans, runner) comes from engine_setup.py; pauses go
+through pause_gate.py.
 """
 
 from __future__ import annotations
@@ -16,23 +18,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
 
 import torch
 
 from .config import ContinuousBatchingConfig
-from .distributed import StepSync
+from .engine_setup import build_engine_parts
 from .errors import InvalidRequestError
-from .kv_cache.allocator import BlockAllocator
-from .kv_cache.paged_cache import kv_cache_dtype
-from .compile_paths import plan_compile
-from .feature_gates import adjust_for_sliding, plan_decode_paths, warn_unbuilt
-from .kv_cache.sizing import compute_sizing, offload_num_blocks
 from .output_router import OutputRouter
 from .outputs import RequestStatus
+from .pause_gate import PauseGate
 from .requests import RequestState
-from .runner import ModelRunner
-from .scheduler import ScheduledBatch, ScheduledRequest, Scheduler
+from .scheduler import ScheduledBatch, ScheduledRequest
 
 logger = logging.getLogger(__name__)
 
@@ -42,51 +38,10 @@ _WAKE = object()   # inbox item that only wakes the loop up
 class EngineLoop:
     def __init__(self, model, config: ContinuousBatchingConfig, router: OutputRouter,
                  workload_hints: dict, logit_processing: bool) -> None:
-        module, hf_config = model.module, model.config
-        sliding_window = getattr(module, "sliding_window", None)
-        layer_is_sliding = getattr(module, "layer_is_sliding", [False] * len(module.layers))
-        # sliding layers get their own recycling pool (hybrid Gemma 3, all-sliding Mistral)
-        pooled = sliding_window is not None and any(layer_is_sliding)
-        config = adjust_for_sliding(config, sliding_window, pooled)
-        self.step_sync = _step_sync(model, config)
-        self.kv_dtype = kv_cache_dtype(model.device, model.dtype,
-                                       getattr(module, "kv_cache_dtype", None))
-        sized = None
-        if self.step_sync is None or self.step_sync.is_driver:
-            sizing = compute_sizing(
-                config, num_layers=len(module.layers), num_kv_heads=module.num_kv_heads,
-                head_dim=module.head_dim, hidden_size=hf_config.hidden_size,
-                intermediate_size=getattr(hf_config, "intermediate_size", 4 * hf_config.hidden_size),
-                dtype=self.kv_dtype,
-                activation_dtype=model.dtype, device=model.device,
-                logit_processing=logit_processing,
-                num_submitted=workload_hints.get("num_requests"),
-                num_sliding_layers=sum(layer_is_sliding) if pooled else 0,
-                sliding_window=sliding_window if pooled else None,
-                max_context=getattr(hf_config, "max_position_embeddings", None))
-            sized = (sizing, offload_num_blocks(config, sizing))
-        if self.step_sync is not None:   # every rank sizes its cache like the driver's
-            sized = self.step_sync.group.broadcast(sized)
-        self.sizing, num_offload_blocks = sized
-        self.allocator = BlockAllocator(self.sizing.num_blocks,
-                                        enable_caching=config.allow_block_sharing)
-        self.scheduler = Scheduler(
-            self.allocator, self.sizing.page_size, self.sizing.max_batch_tokens,
-            self.sizing.max_requests_per_batch, config.resolved_safety_margin,
-            config.scheduler_type,
-            offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
-            sliding_allocator=BlockAllocator(self.sizing.num_sliding_blocks) if pooled else None,
-            sliding_window=sliding_window)
-        warn_unbuilt(config)
-        distributed = self.step_sync is not None
-        self.decode_plan = plan_decode_paths(config, module, model.device, self.sizing.page_size,
-                                             self.kv_dtype, workload_hints, distributed)
-        compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
-                                    self.decode_plan.tables is not None, distributed)
-        self.runner = ModelRunner(
-            module, self.sizing, config.seed, num_offload_blocks, self.step_sync,
-            decode_tables=self.decode_plan.tables, decode_graphs=self.decode_plan.graphs,
-            graph_interval=config.q_padding_interval_size, compile_plan=compile_plan)
+        parts = build_engine_parts(model, config, workload_hints, logit_processing)
+        self.step_sync, self.sizing = parts.step_sync, parts.sizing
+        self.allocator, self.scheduler = parts.allocator, parts.scheduler
+        self.decode_plan, self.runner = parts.decode_plan, parts.runner
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
@@ -95,11 +50,8 @@ class EngineLoop:
         self._count_lock = threading.Lock()
         self._num_submitted_unseen = 0
         self._live_ids: set[str] = set()
-        self._pause_holders: dict[int, int] = {}
         self.step_lock = threading.Lock()
-        self._pause = threading.Condition()
-        self._pause_count = 0
-        self._loop_paused = False
+        self.pause_gate = PauseGate(wake=lambda: self.inbox.put(_WAKE))
         self._stop_requested = False
         self._hard_stop = False
         self.num_steps = 0
@@ -142,28 +94,6 @@ class EngineLoop:
         self._stop_requested = True
         self._hard_stop = self._hard_stop or hard
         self.inbox.put(_WAKE)
-
-    def holds_pause(self) -> bool:
-        """Whether the calling thread is inside `pause()`."""
-        return self._pause_holders.get(threading.get_ident(), 0) > 0
-
-    def acquire_pause(self, wait: Callable[[], bool]) -> None:
-        with self._pause:
-            self._pause_count += 1
-            ident = threading.get_ident()
-            self._pause_holders[ident] = self._pause_holders.get(ident, 0) + 1
-            self.inbox.put(_WAKE)
-            while wait() and not self._loop_paused:
-                self._pause.wait(timeout=0.05)
-
-    def release_pause(self) -> None:
-        with self._pause:
-            self._pause_count -= 1
-            ident = threading.get_ident()
-            self._pause_holders[ident] -= 1
-            if not self._pause_holders[ident]:
-                del self._pause_holders[ident]
-            self._pause.notify_all()
 
     def stats(self) -> dict[str, int]:
         graphs = self.runner.decode_graphs
@@ -238,7 +168,8 @@ class EngineLoop:
             return
         try:
             while True:
-                self._wait_while_paused()
+                self.pause_gate.park_while_held(lambda: self._hard_stop,
+                                                self._keep_followers_waiting)
                 self._drain_inbox(block=not self.scheduler.has_work())
                 self._keep_followers_waiting()
                 if self._hard_stop:
@@ -267,17 +198,6 @@ class EngineLoop:
             self.step_sync.send_stop()
         except Exception:   # a follower died: its peers fail on their own timeout
             logger.exception("could not tell the follower ranks to stop")
-
-    def _wait_while_paused(self) -> None:
-        with self._pause:
-            if self._pause_count == 0:
-                return
-            self._loop_paused = True
-            self._pause.notify_all()
-            while self._pause_count > 0 and not self._hard_stop:
-                self._pause.wait(timeout=0.05)
-                self._keep_followers_waiting()
-            self._loop_paused = False
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -354,16 +274,6 @@ class EngineLoop:
             request.fail(message)
             self._forget(request.request_id)
             self.router.deliver(request.to_output())
-
-
-def _step_sync(model, config: ContinuousBatchingConfig) -> StepSync | None:
-    """The step messenger of a tensor-parallel model (every rank gets a control group
-    with this manager's `cpu_group_timeout`), else None."""
-    group = getattr(model, "tp_group", None)
-    if group is None:
-        return None
-    group.set_control_timeout(config.cpu_group_timeout)
-    return StepSync(group, config.cpu_group_timeout)
 
 
 def _greedy_params():

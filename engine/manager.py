@@ -179,7 +179,7 @@ class ContinuousBatchingManager:
         with self.loop.submit_lock:
             self._accepting = False
             self.loop.request_stop(hard=hard_stop)
-        if block and self.loop.holds_pause():
+        if block and self.loop.pause_gate.holds():
             logger.warning("stop() inside pause(): the engine stops when the pause ends")
         elif block:
             self.join(time.perf_counter(), timeout)
@@ -196,7 +196,7 @@ class ContinuousBatchingManager:
         """Stop if running and free the cache. Idempotent; no restart afterwards."""
         if self._destroyed:
             return
-        if self.loop.holds_pause():
+        if self.loop.pause_gate.holds():
             raise RuntimeError("destroy() cannot be called inside pause()")
         self._accepting = False
         if self.is_running():
@@ -211,11 +211,11 @@ class ContinuousBatchingManager:
         """Pause the loop between steps so the caller can use or update the model in
         place; in-flight requests and the cache are kept. Re-entrant across threads:
         the loop resumes when the last holder exits."""
-        self.loop.acquire_pause(wait=self.is_running)
+        self.loop.pause_gate.acquire(wait=self.is_running)
         try:
             yield self
         finally:
-            self.loop.release_pause()
+            self.loop.pause_gate.release()
 
     def warmup(self) -> None:
         """Run a dummy batch through the model and record the decode CUDA graphs, where
