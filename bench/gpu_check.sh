@@ -27,7 +27,7 @@ cat "$out/gpu.txt"
 # every step has a timeout, together under 9.5 minutes
 timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_gpu_paths.py \
   tests/engine/test_decode_graphs.py tests/engine/test_flash_backend.py \
-  tests/engine/test_compile_paths.py > "$out/gpu-tests.log" 2>&1
+  tests/engine/test_compile_paths.py tests/engine/test_async_steps.py > "$out/gpu-tests.log" 2>&1
 echo "tests: exit $?, $(tail -1 "$out/gpu-tests.log")"
 model=/tmp/kvserve-smollm2-shaped
 timeout 40 python3 -m bench.random_model "$model" > /dev/null 2>&1

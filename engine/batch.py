@@ -62,7 +62,9 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     sampling_entries: list[int] = []
     for index, entry in enumerate(batch.entries):
         row = len(input_ids)
-        input_ids.extend(entry.request.tokens_between(entry.start, entry.end))
+        tokens = entry.request.tokens_between(entry.start, entry.end)
+        # a lookahead row's token is still on the device (async batching): placeholder
+        input_ids.extend(tokens + [0] * (entry.num_tokens - len(tokens)))
         positions.extend(range(entry.start, entry.end))
         if entry.samples:
             logits_rows.append(row + entry.num_tokens - 1)

@@ -115,7 +115,7 @@ def plan_compile(config, device: torch.device, flash_varlen: bool, fast_path: bo
     if distributed and (varlen or decode):
         logger.warning("compile off: tensor parallelism")
         return CompilePlan()
-    for settings in {varlen, decode} - {None}:
+    for settings in (s for s in (varlen, decode) if s is not None):
         if device.type == "cuda" and _records_cuda_graphs(settings):
             logger.warning("compile mode %r records CUDA graphs of its own, which replay "
                            "poorly under continuous batching's changing shapes; prefer "
@@ -137,7 +137,7 @@ class CompiledLayerStep:
 
     def __init__(self, settings: CompileSettings, path: str) -> None:
         self.path = path
-        self.compiled = _compiled_for(settings)
+        self.compiled = _compiled_for(settings, path)
         self.failed = False
         self.num_calls = 0
         """Layer calls that ran compiled code."""
@@ -164,12 +164,12 @@ def _layer_step(layer, hidden, cos, sin, key_cache, value_cache, meta, backend):
 _compiled: dict[str, Callable] = {}
 
 
-def _compiled_for(settings: CompileSettings) -> Callable:
+def _compiled_for(settings: CompileSettings, path: str) -> Callable:
     """One compiled function per distinct settings, shared by every manager using them
     (a new manager then finds its graphs built). Each is compiled from its own copy of
     `_layer_step`'s code: dynamo keeps compiled code per code object, and graphs built
     under other settings must not be handed out."""
-    key = repr(settings)
+    key = f"{path} {settings!r}"     # each path its own graphs and recompile budget
     if key not in _compiled:
         code_copy = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__,
                                        f"layer_step_{len(_compiled)}")

@@ -22,12 +22,14 @@ import threading
 import torch
 
 from .config import ContinuousBatchingConfig
+from .async_steps import AsyncSteps
 from .engine_setup import build_engine_parts
 from .errors import InvalidRequestError
 from .output_router import OutputRouter
 from .outputs import RequestStatus
 from .pause_gate import PauseGate
 from .requests import RequestState
+from .runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class EngineLoop:
         self.step_sync, self.sizing = parts.step_sync, parts.sizing
         self.allocator, self.scheduler = parts.allocator, parts.scheduler
         self.decode_plan, self.runner = parts.decode_plan, parts.runner
+        self.async_steps = AsyncSteps(self) if parts.async_batching else None
+        """Async batching (async_steps.py): a step stays in flight between loop turns."""
         self.router = router
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
@@ -115,6 +119,8 @@ class EngineLoop:
             "num_decode_graphs": len(graphs.graphs) if graphs else 0,
             "num_graph_steps": graphs.num_steps if graphs else 0,
             "num_compiled_steps": self.runner.num_compiled_steps,
+            "async_batching": int(self.async_steps is not None),
+            "num_lookahead_steps": self.async_steps.num_lookahead_steps if self.async_steps else 0,
             "num_free_sliding_blocks": (self.scheduler.blocks.sliding_allocator.num_free_blocks
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
@@ -168,6 +174,8 @@ class EngineLoop:
             return
         try:
             while True:
+                if self.pause_gate.wanted() or self._hard_stop:
+                    self._drain_pipeline()     # nothing in flight while parked or failing
                 self.pause_gate.park_while_held(lambda: self._hard_stop,
                                                 self._keep_followers_waiting)
                 self._drain_inbox(block=not self.scheduler.has_work())
@@ -177,7 +185,9 @@ class EngineLoop:
                     return
                 if self._stop_requested and not self.scheduler.has_work() and self.inbox.empty():
                     return
-                if self.scheduler.has_work():
+                if self.scheduler.has_work() and self.async_steps is not None:
+                    self.async_steps.step()
+                elif self.scheduler.has_work():
                     self._step()
         except BaseException as error:  # fail every request, never leave callers hanging
             logger.exception("engine thread crashed")
@@ -186,6 +196,10 @@ class EngineLoop:
             self._fail_all(f"engine error: {error!r}")
         finally:
             self._stop_followers()
+
+    def _drain_pipeline(self) -> None:
+        if self.async_steps is not None:
+            self.async_steps.drain()
 
     def _keep_followers_waiting(self) -> None:
         if self.step_sync is not None:
@@ -218,6 +232,8 @@ class EngineLoop:
         if kind == "add":
             with self._count_lock:
                 self._num_submitted_unseen -= 1
+        else:        # a cancelled request's blocks may be written by the step in flight
+            self._drain_pipeline()
         with self.step_lock:
             if kind == "add":
                 self.runner.sampler.init_request(payload)
@@ -232,31 +248,51 @@ class EngineLoop:
             batch = self.scheduler.schedule()
             if batch is None:
                 return
-            requests, result = self.runner.step(batch)
-            self.num_steps += 1
-            for entry in batch.entries:
-                entry.request.num_computed_tokens = entry.end
-                if entry.num_tokens > 1 or entry.start < len(entry.request.prompt_ids):
-                    self.num_prefill_tokens += entry.num_tokens
-            finished = self._apply_samples(requests, result) if result is not None else []
-            for request in finished:
-                self.scheduler.finish(request)
-                self._forget(request.request_id)
-        for request in requests:
-            if request.streaming or request.status is RequestStatus.FINISHED:
-                self.router.deliver(request.to_output())
+            news = self.collect(self.launch(batch))
+        self.deliver(news)
 
-    def _apply_samples(self, requests, result) -> list[RequestState]:
-        finished = []
-        for i, request in enumerate(requests):
+    def launch(self, batch: ScheduledBatch, inputs=None) -> LaunchedStep:
+        """Queue `batch` on the device (runner.launch) and count it: its requests'
+        computed tokens move to the batch's end. Under `step_lock`."""
+        launched = self.runner.launch(batch, inputs)
+        self.num_steps += 1
+        for entry in batch.entries:
+            entry.request.num_computed_tokens = entry.end
+            if entry.num_tokens > 1 or entry.start < len(entry.request.prompt_ids):
+                self.num_prefill_tokens += entry.num_tokens
+        return launched
+
+    def collect(self, launched: LaunchedStep, keep_blocks: set[int] = frozenset()
+                ) -> list[RequestState]:
+        """Read `launched`'s picks back and apply them; returns the requests with news
+        to deliver. Under `step_lock`. A finishing request whose id() is in
+        `keep_blocks` (it is in the step queued after this one, which writes to its
+        blocks: async_steps.py) keeps its blocks and its id until that step is read
+        back; its pick there is dropped."""
+        result = launched.result()
+        news = []
+        for i, request in enumerate(launched.requests):
+            if request.is_finished:        # a lookahead row of a request done a step ago
+                self._let_go(request)
+                continue
             request.append_token(result.token_ids[i])
             if result.logprobs is not None:
                 request.logprobs.append(result.logprobs[i])
             if result.top_logprobs[i] is not None:
                 request.top_logprobs.append(result.top_logprobs[i])
-            if request.status is RequestStatus.FINISHED:
-                finished.append(request)
-        return finished
+            news.append(request)
+            if request.status is RequestStatus.FINISHED and id(request) not in keep_blocks:
+                self._let_go(request)
+        return news
+
+    def _let_go(self, request: RequestState) -> None:
+        self.scheduler.finish(request)
+        self._forget(request.request_id)
+
+    def deliver(self, requests: list[RequestState]) -> None:
+        for request in requests:
+            if request.streaming or request.status is RequestStatus.FINISHED:
+                self.router.deliver(request.to_output())
 
     def _fail_all(self, message: str) -> None:
         with self.step_lock:
@@ -270,9 +306,13 @@ class EngineLoop:
                     with self._count_lock:
                         self._num_submitted_unseen -= 1
                     pending.append(item[1])
+        if self.async_steps is not None:
+            self.async_steps.in_flight = None
         for request in pending:
-            request.fail(message)
             self._forget(request.request_id)
+            if request.is_finished:        # done, its blocks kept for a lookahead row
+                continue
+            request.fail(message)
             self.router.deliver(request.to_output())
 
 

@@ -15,7 +15,7 @@ import torch
 from .compile_paths import plan_compile
 from .config import ContinuousBatchingConfig
 from .distributed import StepSync
-from .feature_gates import DecodePlan, adjust_for_sliding, plan_decode_paths, warn_unbuilt
+from .feature_gates import DecodePlan, adjust_for_sliding, async_batching, plan_decode_paths
 from .kv_cache.allocator import BlockAllocator
 from .kv_cache.paged_cache import kv_cache_dtype
 from .kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
@@ -32,6 +32,7 @@ class EngineParts:
     scheduler: Scheduler
     decode_plan: DecodePlan
     runner: ModelRunner
+    async_batching: bool
 
 
 def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: dict,
@@ -61,7 +62,6 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
         sliding_allocator=BlockAllocator(sizing.num_sliding_blocks) if pooled else None,
         sliding_window=sliding_window)
-    warn_unbuilt(config)
     distributed = step_sync is not None
     decode_plan = plan_decode_paths(config, module, model.device, sizing.page_size, kv_dtype,
                                     workload_hints, distributed)
@@ -71,7 +71,8 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         module, sizing, config.seed, num_offload_blocks, step_sync,
         decode_tables=decode_plan.tables, decode_graphs=decode_plan.graphs,
         graph_interval=config.q_padding_interval_size, compile_plan=compile_plan)
-    return EngineParts(step_sync, sizing, allocator, scheduler, decode_plan, runner)
+    return EngineParts(step_sync, sizing, allocator, scheduler, decode_plan, runner,
+                       async_batching(config, decode_plan.graphs, model.device, distributed))
 
 
 def _size_cache(model, config: ContinuousBatchingConfig, kv_dtype: torch.dtype,

@@ -79,14 +79,22 @@ def decode_graphs(config: ContinuousBatchingConfig, fast_path: bool, device,
     return None
 
 
-def warn_unbuilt(config: ContinuousBatchingConfig) -> list[str]:
-    """Log the SPEC fields this engine accepts but does not act on yet; returns them."""
-    unbuilt = [name for name, value in (
-        ("use_async_batching", config.use_async_batching),) if value]
-    if unbuilt:
-        logger.warning("%s: not built yet, ignored (steps run one after another, eagerly)",
-                       ", ".join(unbuilt))
-    return unbuilt
+def async_batching(config: ContinuousBatchingConfig, graphs: str | None, device,
+                   distributed: bool) -> bool:
+    """Whether decode steps are queued before the previous step's tokens are read
+    back (async_steps.py). `use_async_batching` None (auto) turns it on where CUDA
+    graphs replay decode steps (the host's scheduling is then the gap between
+    steps); True anywhere but under tensor parallelism (followers could not gather
+    the tokens on their own); on a CPU it only reorders the host's work."""
+    wanted = config.use_async_batching
+    if wanted is None:
+        return graphs == "capture" and not distributed
+    if wanted and distributed:
+        logger.warning("async batching off: tensor parallelism")
+        return False
+    if wanted and getattr(device, "type", device) == "cpu":
+        logger.info("async batching on a CPU: steps run as they are queued, nothing overlaps")
+    return bool(wanted)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ class PauseGate:
         self._parked = False
 
     # -- any thread ----------------------------------------------------------------------
+    def wanted(self) -> bool:
+        """Whether some caller holds or waits for a pause."""
+        return self._count > 0
+
     def holds(self) -> bool:
         """Whether the calling thread is inside a pause."""
         return self._holders.get(threading.get_ident(), 0) > 0

@@ -57,6 +57,10 @@ class RequestState:
     """Owned by the sampler (the request's random generator)."""
 
     @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.FAILED)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.generated_tokens)
 

@@ -4,6 +4,8 @@ step lock)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from .batch import StepInputs, build_step_inputs
@@ -16,7 +18,7 @@ from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
 from .models.block_weights import BlockLinear
 from .requests import RequestState
-from .sampling import SampleResult, Sampler
+from .sampling import PendingSample, SampleResult, Sampler
 from .scheduler import ScheduledBatch
 
 
@@ -101,21 +103,45 @@ class ModelRunner:
         if self.native_kernels is not None:   # its helpers would take torch's cores
             self.native_kernels.set_torch_threaded(wanted > 1)
 
-    @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[RequestState], SampleResult | None]:
         """Run `batch`; returns the requests that sampled a token and their results."""
-        plan = StepPlan(list(batch.swap_out), list(batch.swap_in),
-                        self._inputs(batch) if batch.entries else None)
+        launched = self.launch(batch)
+        return launched.requests, launched.result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, inputs: StepInputs | None = None) -> "LaunchedStep":
+        """Queue `batch`'s copies, forward pass, logits and picks on the device without
+        reading anything back (on a CPU it all runs now). `inputs`: prepared ones
+        (lookahead_inputs), else built here."""
+        if inputs is None and batch.entries:
+            inputs = self._inputs(batch)
+        plan = StepPlan(list(batch.swap_out), list(batch.swap_in), inputs)
         if self.step_sync is not None:
             self.step_sync.send_plan(plan)
         hidden = self._run_plan(plan)
         if hidden is None:
-            return [], None
+            return LaunchedStep([], None)
         requests = [batch.entries[i].request for i in plan.inputs.sampling_entries]
         if not requests:
-            return [], None
+            return LaunchedStep([], None)
         logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S, vocab] fp32
-        return requests, self.sampler.sample(logits, requests)
+        return LaunchedStep(requests, self.sampler.launch(logits, requests))
+
+    @torch.inference_mode()
+    def lookahead_inputs(self, batch: ScheduledBatch, previous: "LaunchedStep") -> StepInputs:
+        """Inputs of a decode batch whose every request feeds the token `previous`
+        picks for it, before that token is read back (async batching): built on the
+        host with a placeholder, moved without waiting, the tokens gathered on the
+        device from `previous`'s picks."""
+        row_of = {id(request): row for row, request in enumerate(previous.requests)}
+        rows = [row_of[id(entry.request)] for entry in batch.entries]
+        inputs = self._inputs(batch, torch.device("cpu"))
+        if self.device.type != "cpu":
+            inputs = to_device(inputs, self.device)
+        source = torch.tensor(rows)
+        if self.device.type != "cpu":
+            source = source.to(self.device, non_blocking=True)
+        return replace(inputs, input_ids=previous.sample.token_ids[source])
 
     @torch.inference_mode()
     def follow(self) -> None:
@@ -149,8 +175,9 @@ class ModelRunner:
         """Record every decode graph now (the manager's warmup); returns how many."""
         return 0 if self.decode_graphs is None else self.decode_graphs.capture_all()
 
-    def _inputs(self, batch: ScheduledBatch) -> StepInputs:
-        device = self.device if self.step_sync is None else torch.device("cpu")
+    def _inputs(self, batch: ScheduledBatch, device: torch.device | None = None) -> StepInputs:
+        if device is None:
+            device = self.device if self.step_sync is None else torch.device("cpu")
         paged_tables = getattr(self.model.attn_backend, "needs_block_tables", False)
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
@@ -163,6 +190,17 @@ class ModelRunner:
         inputs = self._inputs(batch)
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
         return self.model.compute_logits(hidden)
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    requests: list[RequestState]
+    """The requests that pick a token, in the picks' order."""
+    sample: PendingSample | None
+
+    def result(self) -> SampleResult | None:
+        """The picks on the host (waits for the device)."""
+        return None if self.sample is None else self.sample.result()
 
 
 def _sliding_blocks(request: RequestState) -> list[int | None]:

@@ -43,6 +43,12 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[RequestState]) -> SampleResult:
         """logits: [S, vocab] fp32, one row per request in `requests`."""
+        return self.launch(logits, requests).result()
+
+    def launch(self, logits: torch.Tensor, requests: list[RequestState]) -> "PendingSample":
+        """The picks as device tensors, without waiting for them (greedy rows never
+        wait; sampling rows wait only on their parameters' small copies). Async
+        batching feeds `token_ids` to the next step before reading them back."""
         params = [r.sampling for r in requests]
         want_logprobs = [r.want_logprobs or r.sampling.top_logprobs > 0 for r in requests]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
@@ -51,14 +57,10 @@ class Sampler:
         token_ids = greedy_picks(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if sample_rows:
-            rows = torch.tensor(sample_rows, device=logits.device)
+            rows = _on_device(sample_rows, logits.device)
             probs = self._processed_probs(logits[rows], [params[i] for i in sample_rows])
             token_ids[rows] = self._race(probs, [requests[i] for i in sample_rows])
-        token_list = token_ids.tolist()
-        if raw_logprobs is None:
-            return SampleResult(token_list, None, [None] * len(requests))
-        chosen = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
-        return SampleResult(token_list, chosen, self._top_logprobs(raw_logprobs, params))
+        return PendingSample(token_ids, raw_logprobs, params)
 
     @staticmethod
     def _apply_penalties_and_bias(logits: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
@@ -92,16 +94,17 @@ class Sampler:
     def _processed_probs(logits: torch.Tensor, params) -> torch.Tensor:
         """[N, vocab] logits of sampling rows -> probabilities after temperature,
         top-k, top-p and min-p."""
-        device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        # the choices are made on the host values: no wait on the device here
+        device, vocab = logits.device, logits.shape[-1]
+        temperature = _on_device([p.temperature for p in params], device)
         logits = logits / temperature[:, None]
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[-1] for p in params],
-                             device=device).clamp(max=logits.shape[-1])
-        if bool((top_k < logits.shape[-1]).any()):
-            kth = logits.topk(int(top_k.max()), dim=-1).values.gather(1, (top_k - 1)[:, None])
+        top_k_values = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
+        if min(top_k_values) < vocab:
+            top_k = _on_device(top_k_values, device)
+            kth = logits.topk(max(top_k_values), dim=-1).values.gather(1, (top_k - 1)[:, None])
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        if bool((top_p < 1.0).any()):
+        if any(p.top_p < 1.0 for p in params):
+            top_p = _on_device([p.top_p for p in params], device)
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
             # drop a token when the ones before it already cover top_p (keeps >= 1)
@@ -109,8 +112,8 @@ class Sampler:
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         probs = logits.softmax(dim=-1)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
-        if bool((min_p > 0).any()):
+        if any(p.min_p > 0 for p in params):
+            min_p = _on_device([p.min_p for p in params], device)
             threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
         return probs
@@ -122,15 +125,37 @@ class Sampler:
             noise[i].exponential_(generator=generator)
         return (probs / noise).argmax(dim=-1)
 
-    @staticmethod
-    def _top_logprobs(raw_logprobs: torch.Tensor, params) -> list:
-        most = max(p.top_logprobs for p in params)
-        if most == 0:
-            return [None] * len(params)
-        values, indices = raw_logprobs.topk(most, dim=-1)
-        values, indices = values.tolist(), indices.tolist()
-        return [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
-                if p.top_logprobs else None for i, p in enumerate(params)]
+
+
+@dataclass(frozen=True)
+class PendingSample:
+    token_ids: torch.Tensor                  # [S] long, on the logits' device
+    raw_logprobs: torch.Tensor | None        # [S, vocab] when a row asked for logprobs
+    params: list
+
+    def result(self) -> SampleResult:
+        """Read the picks back to the host (waits for the device)."""
+        token_list = self.token_ids.tolist()
+        if self.raw_logprobs is None:
+            return SampleResult(token_list, None, [None] * len(self.params))
+        chosen = self.raw_logprobs.gather(1, self.token_ids[:, None]).squeeze(1).tolist()
+        return SampleResult(token_list, chosen, _top_logprobs(self.raw_logprobs, self.params))
+
+
+def _on_device(values: list, device: torch.device) -> torch.Tensor:
+    """A small host list on `device` without waiting for the device's queued work."""
+    tensor = torch.tensor(values)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
+def _top_logprobs(raw_logprobs: torch.Tensor, params) -> list:
+    most = max(p.top_logprobs for p in params)
+    if most == 0:
+        return [None] * len(params)
+    values, indices = raw_logprobs.topk(most, dim=-1)
+    values, indices = values.tolist(), indices.tolist()
+    return [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
+            if p.top_logprobs else None for i, p in enumerate(params)]
 
 
 def greedy_picks(logits: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,12 @@ class InjectedEngineFault(RuntimeError):
 def arm_engine_fault(manager: Any) -> None:
     """Make the manager's next forward pass raise InjectedEngineFault.
 
-    The runner's `step` is the one call every scheduled batch goes through, on the
+    The runner's `launch` is the one call every scheduled batch goes through, on the
     engine thread; replacing it on this instance touches no other manager.
     """
     runner = manager.loop.runner
 
-    def failing_step(batch: Any) -> Any:
+    def failing_step(batch: Any, inputs: Any = None) -> Any:
         raise InjectedEngineFault("engine fault injected through /debug/fail-engine")
 
-    runner.step = failing_step
+    runner.launch = failing_step

@@ -55,6 +55,8 @@ def test_tensor_parallelism_and_cuda_graph_modes_are_named(caplog):
         assert plan(distributed=True, default_compile_level=1) == plan()
         plan(varlen_compile_config={"mode": "reduce-overhead"})
     assert "compile off: tensor parallelism" in caplog.text
+    options = plan(varlen_compile_config={"options": {"max_autotune": True}}).varlen
+    assert options.options == {"max_autotune": True}
     assert "'reduce-overhead' records CUDA graphs of its own" in caplog.text
 
 

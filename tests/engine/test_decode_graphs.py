@@ -16,7 +16,7 @@ from engine.attention.flash_backend import FlashPagedAttention
 from engine.compile_paths import CompilePlan, CompileSettings
 from engine.cuda_graphs import graph_batch_sizes
 from engine.decode_tables import DecodeTables, decode_tables_for
-from engine.feature_gates import decode_graphs, warn_unbuilt
+from engine.feature_gates import decode_graphs
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.sizing import CacheSizing
@@ -53,14 +53,6 @@ def test_table_widths_follow_the_kernel_that_reads_them():
     assert DecodeTables(5, round_up=True).widths() == [1, 2, 4, 5]
     with pytest.raises(ValueError):
         DecodeTables(0)
-
-
-def test_fields_not_built_yet_are_named_in_a_warning(caplog):
-    assert warn_unbuilt(ContinuousBatchingConfig()) == []
-    config = ContinuousBatchingConfig(use_async_batching=True, default_compile_level=2)
-    with caplog.at_level("WARNING", logger="engine.feature_gates"):
-        assert warn_unbuilt(config) == ["use_async_batching"]
-    assert "use_async_batching: not built yet" in caplog.text
 
 
 def test_graphs_only_where_they_work():

@@ -19,10 +19,10 @@ def test_engine_crash_fails_held_requests_and_refuses_new_ones(tiny_llama):
     model, _ = tiny_llama
     manager = make_manager(model)
 
-    def broken_step(batch):
+    def broken_step(batch, inputs=None):
         raise RuntimeError("injected fault")
 
-    manager.loop.runner.step = broken_step       # the next forward pass raises
+    manager.loop.runner.launch = broken_step     # the next forward pass raises
     manager.start()
     first = manager.add_request([3, 4, 5])
     result = next(manager.request_id_iter(first))
@@ -31,7 +31,7 @@ def test_engine_crash_fails_held_requests_and_refuses_new_ones(tiny_llama):
     assert not manager.is_running()
     assert isinstance(manager.error, RuntimeError) and "injected fault" in str(manager.error)
     assert manager.add_request([6, 7]) is None   # refused, not silently queued
-    del manager.loop.runner.step                 # the real step again
+    del manager.loop.runner.launch               # the real step again
     manager.start()                              # a restart clears the error
     assert manager.error is None
     restarted = manager.add_request([6, 7], max_new_tokens=2)
