@@ -17,6 +17,10 @@ Settings come from `varlen_compile_config` / `decode_compile_config` (a transfor
     level 2: mode "max-autotune-no-cudagraphs", dynamic shapes
     level 3: mode "max-autotune-no-cudagraphs", static shapes (a compile per shape)
 
+Each kind of step (how many prefill chunks, decode-only or not, the CPU's thread
+count; with static shapes every shape) is a graph of its own; past torch's recompile
+limit (8 per path) new kinds run eagerly, which torch logs.
+
 The level gives settings only where compiling pays: on accelerators, and not to
 the varlen path of the flash backend (its max_seqlen_k changes every step). On CPU
 the engine's native kernels beat the compiled torch ops (docs/benchmarks.md): a

@@ -18,7 +18,7 @@ from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
 from .models.block_weights import BlockLinear
 from .requests import RequestState
-from .sampling import PendingSample, SampleResult, Sampler
+from .sampling import PendingSample, SampleResult, Sampler, on_device
 from .scheduler import ScheduledBatch
 
 
@@ -138,10 +138,7 @@ class ModelRunner:
         inputs = self._inputs(batch, torch.device("cpu"))
         if self.device.type != "cpu":
             inputs = to_device(inputs, self.device)
-        source = torch.tensor(rows)
-        if self.device.type != "cpu":
-            source = source.to(self.device, non_blocking=True)
-        return replace(inputs, input_ids=previous.sample.token_ids[source])
+        return replace(inputs, input_ids=previous.sample.token_ids[on_device(rows, self.device)])
 
     @torch.inference_mode()
     def follow(self) -> None:

@@ -57,7 +57,7 @@ class Sampler:
         token_ids = greedy_picks(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if sample_rows:
-            rows = _on_device(sample_rows, logits.device)
+            rows = on_device(sample_rows, logits.device)
             probs = self._processed_probs(logits[rows], [params[i] for i in sample_rows])
             token_ids[rows] = self._race(probs, [requests[i] for i in sample_rows])
         return PendingSample(token_ids, raw_logprobs, params)
@@ -96,15 +96,15 @@ class Sampler:
         top-k, top-p and min-p."""
         # the choices are made on the host values: no wait on the device here
         device, vocab = logits.device, logits.shape[-1]
-        temperature = _on_device([p.temperature for p in params], device)
+        temperature = on_device([p.temperature for p in params], device)
         logits = logits / temperature[:, None]
         top_k_values = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
         if min(top_k_values) < vocab:
-            top_k = _on_device(top_k_values, device)
+            top_k = on_device(top_k_values, device)
             kth = logits.topk(max(top_k_values), dim=-1).values.gather(1, (top_k - 1)[:, None])
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if any(p.top_p < 1.0 for p in params):
-            top_p = _on_device([p.top_p for p in params], device)
+            top_p = on_device([p.top_p for p in params], device)
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
             # drop a token when the ones before it already cover top_p (keeps >= 1)
@@ -113,7 +113,7 @@ class Sampler:
             logits = logits.masked_fill(drop, float("-inf"))
         probs = logits.softmax(dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = _on_device([p.min_p for p in params], device)
+            min_p = on_device([p.min_p for p in params], device)
             threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
         return probs
@@ -142,7 +142,7 @@ class PendingSample:
         return SampleResult(token_list, chosen, _top_logprobs(self.raw_logprobs, self.params))
 
 
-def _on_device(values: list, device: torch.device) -> torch.Tensor:
+def on_device(values: list, device: torch.device) -> torch.Tensor:
     """A small host list on `device` without waiting for the device's queued work."""
     tensor = torch.tensor(values)
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)

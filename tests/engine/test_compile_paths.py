@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from engine import ContinuousBatchingConfig, GenerationConfig
 from engine.compile_paths import CompileSettings, plan_compile
@@ -76,10 +76,12 @@ def test_compiled_varlen_steps_give_transformers_tokens(tiny_llama):
     model, reference = tiny_llama
     prompts = random_prompts(5, 3, 70, seed=31)
     want = [reference_greedy(reference, p, 10) for p in prompts]
+    graphs_before = counters["stats"]["unique_graphs"]
     tokens, stats = _generate(model, prompts, 10, max_batch_tokens=64,
                               varlen_compile_config={"dynamic": True})
     assert tokens == want
     assert stats["num_compiled_steps"] == stats["num_steps"] + 1
+    assert counters["stats"]["unique_graphs"] > graphs_before     # graphs were built
 
 
 def test_compiled_steps_of_a_hybrid_sliding_model(tiny_gemma3):
