@@ -44,13 +44,13 @@ def _bytes_read(module: nn.Module, rows: int) -> int:
             return sum(t.numel() * t.element_size()
                        for t in (module.codes, module.scales, module.minima) if t is not None)
         dense = module.packed if module.packed is not None else module.weight
-        return out_features * in_features * dense.element_size()
+        return out_features * in_features * dense.dtype.itemsize
     if isinstance(module, Int8WeightLinear):
         return out_features * in_features + 2 * out_features
     if isinstance(module, Bf16WeightLinear):
         return out_features * in_features * 2
     if isinstance(module, PackedLinear):
-        return out_features * in_features * module.packed.element_size()
+        return out_features * in_features * module.packed.dtype.itemsize
     return module.weight.numel() * module.weight.element_size()
 
 

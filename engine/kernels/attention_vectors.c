@@ -33,28 +33,6 @@
 
 int attention_vectors_apply(int64_t dim) { return dim % 16 == 0 && dim <= 256; }
 
-/* Lane j of the result is the sum of the 16 lanes of v[j]. Worked for 128-bit lane 0
- * of a pair (a, b): unpacklo gives a0 b0 a1 b1, unpackhi a2 b2 a3 b3, their sum
- * (a0+a2) (b0+b2) (a1+a3) (b1+b3); the next level pairs those 64-bit halves, and the
- * last two fold the four 128-bit lanes, leaving v[4i..4i+3]'s sums in lane i. */
-static inline __m512 sum_lanes16(const __m512 *v) {
-    __m512 pairs[8], quads[4];
-    for (int i = 0; i < 8; i++)
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                                 _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
-                                     _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
-    const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
-                                      _mm512_shuffle_f32x4(quads[2], quads[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88),
-                         _mm512_shuffle_f32x4(low, high, 0xdd));
-}
-
 /* Element `index` of a flat cache of fp32 or bf16 values, 16 lanes as fp32. */
 static inline __m512 load_cached(const void *cache, int64_t index, const int bf16) {
     return bf16 ? load_bf16x16((const uint16_t *)cache + index)

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "paged_attention.c", "attention_vectors.c",
+                        "attention_bf16.c", "bf16_gemm.c",
                         "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
                         "decode_layer.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name(name)

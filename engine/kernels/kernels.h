@@ -56,4 +56,21 @@ void attention_values_vector(const float *probs, const void *values, int kv_bf16
                              const int64_t *row, int64_t count, int64_t heads, int64_t kv_heads,
                              int64_t dim, float *out, int64_t out_stride);
 
+/* bf16_gemm.c: y[m, n] = x[m, k] @ W^T, bf16 x and W (packed in pairs, see there),
+ * fp32 or (y_bf16) bf16 y; bf16_gemm_available says whether this build has it. */
+int bf16_gemm_available(void);
+int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
+              int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads);
+
+/* attention_bf16.c: the same passes over a bf16 cache with AVX512-BF16 dot products,
+ * for head sizes attention_bf16_apply accepts on this build; words: scratch of
+ * heads * (count + 1) 32-bit words. */
+int attention_bf16_apply(int64_t dim);
+void attention_scores_bf16(const float *q, const uint16_t *keys, const uint16_t *values,
+                           const int64_t *row, int64_t count, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, float *scores);
+void attention_values_bf16(const float *probs, const uint16_t *values, const int64_t *row,
+                           int64_t count, int64_t heads, int64_t kv_heads, int64_t dim,
+                           uint32_t *words, float *out, int64_t out_stride);
+
 #endif

@@ -51,6 +51,9 @@ class NativeKernels:
         library.attention_vectors_apply.argtypes = [size]
         library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
                                          pointer, ctypes.c_int]
+        library.bf16_gemm.argtypes = [pointer, size, pointer, size, size, size, pointer, size,
+                                      ctypes.c_int, ctypes.c_int]
+        self.has_bf16_gemm = bool(library.bf16_gemm_available())
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
         library.use_openmp_helpers.argtypes = [ctypes.c_int]
         library.use_openmp_helpers.restype = ctypes.c_int
@@ -75,6 +78,22 @@ class NativeKernels:
                               scales.data_ptr(), out_features, y.data_ptr(), self.num_threads)
         if status:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
+        return y
+
+    def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+        """x [rows, K] bf16 (rows may be strided) @ W^T -> [rows, out_features] fp32 or
+        bf16; W packed in pairs [ceil(N / 16), K / 2, 16, 2] bf16 (bf16_gemm.c). The
+        caller guarantees CPU tensors of those dtypes, pairs contiguous, K even."""
+        rows = x.shape[0]
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        y = torch.empty(rows, out_features, dtype=out_dtype)
+        status = self._library.bf16_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
+                                         x.shape[1], out_features, y.data_ptr(), out_features,
+                                         int(out_dtype == torch.bfloat16), self.num_threads)
+        if status:
+            raise RuntimeError(f"bf16_gemm failed ({status}) for K={x.shape[1]}")
         return y
 
     @property

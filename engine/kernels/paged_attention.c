@@ -43,7 +43,8 @@ typedef struct {
     float *out;
     int64_t chunks;          /* context pieces per request */
     int64_t span;            /* the longest piece: ceil(longest context / chunks) */
-    float *scratch;          /* per part: H * span scores */
+    float *scratch;          /* per part: H * span scores, then H * (span + 1) words for
+                                attention_bf16.c's values pass */
     float *partials;         /* H * (D + 2) (max, sum, unnormalised output) per work item,
                                 or per part when chunks == 1 (finished in place) */
 } AttentionJob;
@@ -115,8 +116,12 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     const int64_t count = end - start, record = job->kv_heads * dim;
     const int64_t *row = job->slots + (job->slot_rows ? job->slot_rows[b] : b) * job->width + start;
     const float *q = job->q + b * job->q_stride;                        /* [H, D] */
-    const int vector = attention_vectors_apply(dim), bf16 = job->kv_bf16;
-    if (vector)
+    const int bf16 = job->kv_bf16, dot_bf16 = bf16 && attention_bf16_apply(dim);
+    const int vector = dot_bf16 || attention_vectors_apply(dim);
+    if (dot_bf16)
+        attention_scores_bf16(q, job->keys, job->values, row, count, heads, job->kv_heads, dim,
+                              job->scale, scores);
+    else if (vector)
         attention_scores_vector(q, job->keys, bf16, row, count, heads, job->kv_heads, dim,
                                 job->scale, scores);
     for (int64_t l = 0; !vector && l < count; l++) {
@@ -131,6 +136,11 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
         result[hq * (dim + 2)] = top;
         result[hq * (dim + 2) + 1] = total;
         if (!vector) memset(result + hq * (dim + 2) + 2, 0, sizeof(float) * dim);
+    }
+    if (dot_bf16) {      /* the words go after the H * span scores */
+        attention_values_bf16(scores, job->values, row, count, heads, job->kv_heads, dim,
+                              (uint32_t *)(scores + heads * job->span), result + 2, dim + 2);
+        return;
     }
     if (vector) {
         attention_values_vector(scores, job->values, bf16, row, count, heads, job->kv_heads,
@@ -153,7 +163,7 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
 static void attention_part(const void *arg, int part, int parts) {
     const AttentionJob *job = arg;
     const int64_t items = job->batch * job->chunks, heads = job->heads, dim = job->dim;
-    float *scores = job->scratch + (int64_t)part * heads * job->span;
+    float *scores = job->scratch + (int64_t)part * heads * (2 * job->span + 1);
     if (job->chunks > 1) {
         for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
             const int64_t b = item / job->chunks, chunk = item % job->chunks;
@@ -227,7 +237,7 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
     const int parts = num_threads < 1 ? 1 : num_threads;
     const int64_t chunks = choose_chunks(batch, longest, parts);
     const int64_t span = (longest + chunks - 1) / chunks;
-    float *scratch = malloc(sizeof(float) * parts * heads * span);
+    float *scratch = malloc(sizeof(float) * parts * heads * (2 * span + 1));
     float *partials = malloc(sizeof(float) * (chunks > 1 ? batch * chunks : parts) * heads *
                              (dim + 2));
     if (!scratch || !partials) {

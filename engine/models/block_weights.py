@@ -130,7 +130,7 @@ class BlockLinear(nn.Module):
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            y = packed_linear(x.to(self.packed.dtype), self.packed).to(x.dtype)
+            y = packed_linear(x.to(self.packed.dtype), self.packed, x.dtype)
             return y if self.bias is None else y + self.bias
         if self.weight.dtype == x.dtype:
             return F.linear(x, self.weight, self.bias)
@@ -165,7 +165,7 @@ class FusedBlockMLP:
         if gate_up is None or down is None or gate_up.dtype != down.dtype:
             return None
         activated = self.kernels.silu_mul(packed_linear(x.to(gate_up.dtype), gate_up))
-        return packed_linear(activated, down).to(x.dtype)
+        return packed_linear(activated, down, x.dtype)
 
 
 def _read_gguf(path: Path) -> dict[str, Blocks]:

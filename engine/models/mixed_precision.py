@@ -53,9 +53,10 @@ class Bf16WeightLinear(nn.Module):
         return pack_in_place(self, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and self.bias is None:
+            return packed_linear(x.to(torch.bfloat16), self.packed, x.dtype)
         if self.packed is not None:
-            y = packed_linear(x.to(torch.bfloat16), self.packed)
-            return (y if self.bias is None else y + self.bias).to(x.dtype)
+            return (packed_linear(x.to(torch.bfloat16), self.packed) + self.bias).to(x.dtype)
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
 
 

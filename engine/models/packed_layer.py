@@ -9,7 +9,7 @@ whose attention projections hold packed oneDNN weights of one dtype (fp32, or bf
 bf16-weights), this path calls the pieces directly:
 
     h = rms_norm(x), written in the weights' dtype (the modules cast it after)
-    qkv = h @ Wqkv -> fp32; rotate q and k, store k and v (rope_store)
+    qkv = h @ Wqkv in fp32; rotate q and k, store k and v (rope_store)
     a = the backend's attention over the cache (already written)
     x = x + a @ Wo
     x = x + mlp(x): for GGUF layers gate_up, silu_mul and down straight on the packed
@@ -27,12 +27,12 @@ import torch
 from torch import nn
 
 from .block_weights import BlockLinear, FusedBlockMLP
-from .packed_linear import packed_linear
+from .packed_linear import PackedWeight, packed_linear
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _packed(module: nn.Module) -> torch.Tensor | None:
+def _packed(module: nn.Module) -> PackedWeight | None:
     packed = getattr(module, "packed", None)
     usable = packed is not None and getattr(module, "bias", None) is None
     return packed if usable else None
@@ -75,15 +75,16 @@ class PackedLayer:
                 and hidden.is_contiguous() and hidden.device.type == "cpu"
                 and _step_fits(meta, cos, sin, key_cache, value_cache)):
             return None
+        fp32 = torch.float32
         qkv = packed_linear(kernels.rms_norm(hidden, self.first.weight, self.first.eps,
-                                             self.dtype), self.qkv).float()
+                                             self.dtype), self.qkv, fp32)
         out = attn.attend_native(qkv, cos, sin, key_cache, value_cache, meta, backend, kernels)
-        hidden = hidden + packed_linear(out.to(self.dtype), self.o).float()
+        hidden = hidden + packed_linear(out.to(self.dtype), self.o, fp32)
         if self.gate_up is None:
             return hidden + self.layer.mlp(self.second(hidden))
         normed = kernels.rms_norm(hidden, self.second.weight, self.second.eps, self.dtype)
         activated = kernels.silu_mul(packed_linear(normed, self.gate_up))
-        return hidden + packed_linear(activated, self.down).float()
+        return hidden + packed_linear(activated, self.down, fp32)
 
 
 _last_step: tuple = (None, False)

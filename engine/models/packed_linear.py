@@ -23,6 +23,8 @@ faster from a few rows on (fp32, 4 rows: 0.55 -> 0.15 ms for 576 -> 3072).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -49,14 +51,58 @@ def packing_available() -> bool:
     return _available
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """weight [out, in], CPU fp32 or bf16 -> its packed form, or None where packing
+NATIVE_BF16_MAX_ROWS = 128
+"""Up to this many rows a bf16 product runs on the native bf16 GEMM (bf16_gemm.c),
+past it on oneDNN. Measured, 2 cores, 30 distinct weights from memory, 576 -> 3072
+(GFLOP/s, native / oneDNN): 8 rows 264 / 166, 16 rows 339 / 260, 32 rows 345 / 181,
+64 rows 393 / 369, 256 rows 414 / 419, 3,136 rows 393 / 430."""
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """A weight [out, in] packed once at load. `onednn`: oneDNN's blocked layout
+    (opaque: only oneDNN's linear reads it). `pairs`: for bf16 weights with an even
+    `in`, where the native kernels have a bf16 GEMM, the same weight as
+    [ceil(out / 16), in / 2, 16, 2] (bf16_gemm.c's layout), else None."""
+
+    onednn: torch.Tensor
+    pairs: torch.Tensor | None
+    out_features: int
+    kernels: object = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.onednn.dtype
+
+
+def bf16_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bf16, K even -> [ceil(N / 16), K / 2, 16, 2]: element (j, p, c, i)
+    is weight[16 j + c, 2 p + i], zero past N. Worked: N = 20, K = 4 gives [2, 2, 16, 2];
+    (1, 1, 3, 0) is weight[19, 2]; (1, 1, 4, 0) is padding."""
+    out_features, in_features = weight.shape
+    padded = -out_features % 16
+    if padded:
+        weight = torch.cat([weight, weight.new_zeros(padded, in_features)])
+    vectors = weight.shape[0] // 16
+    return weight.view(vectors, 16, in_features // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
+    """weight [out, in], CPU fp32 or bf16 -> its packed forms, or None where packing
     does not apply (another device or dtype, or a torch without the ops)."""
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
             or not packing_available()):
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
-                                                   PACKING_BATCH_HINT)
+    weight = weight.detach().contiguous()
+    onednn = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)
+    kernels, pairs = None, None
+    if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0:
+        from ..kernels import default_kernels
+
+        kernels = default_kernels()
+        if kernels is not None and kernels.has_bf16_gemm:
+            pairs = bf16_pairs(weight)
+    return PackedWeight(onednn, pairs, weight.shape[0], kernels if pairs is not None else None)
 
 
 def pack_in_place(module: nn.Module, name: str) -> bool:
@@ -82,15 +128,25 @@ def _(flat: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tens
     return flat.new_empty(flat.shape[0], out_features)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], same dtype."""
+def packed_linear(x: torch.Tensor, packed: PackedWeight,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], in the
+    weight's dtype or `out_dtype` (fp32 from a bf16 weight: the fp32 accumulators as
+    they are, where the native GEMM serves; rounded through bf16 where oneDNN does)."""
     flat = x.reshape(-1, x.shape[-1])
+    if packed.pairs is not None and flat.shape[0] <= NATIVE_BF16_MAX_ROWS \
+            and not torch.compiler.is_compiling():
+        y = packed.kernels.bf16_gemm(flat, packed.pairs, packed.out_features,
+                                     out_dtype or packed.dtype)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
     if not flat.is_contiguous():
         flat = flat.contiguous()
     if torch.compiler.is_compiling():
-        y = packed_matmul_op(flat, packed, packed.size(0))
+        y = packed_matmul_op(flat, packed.onednn, packed.out_features)
     else:
-        y = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(flat, packed.onednn, None, "none", [], "")
+    if out_dtype is not None and y.dtype != out_dtype:
+        y = y.to(out_dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -1,0 +1,127 @@
+/* y[M, N] = x[M, K] @ W^T with bf16 x and W, fp32 accumulation (AVX512-BF16), for
+ * the row counts of batched decode steps.
+ *
+ * W is packed once at load in pairs: [ceil(N / 16)][K / 2][16] 32-bit words, word
+ * (j, p, c) holding W[16 j + c][2p] and W[16 j + c][2p + 1] (zero past N). A row of
+ * x in bf16 is already pairs: word p = (x[2p], x[2p + 1]). One vdpbf16ps with the
+ * broadcast word p of a row and the 16 words (j, p, .) adds the 16 columns' products
+ * of that pair: after the K / 2 pairs, lane c holds y[row][16 j + c].
+ *
+ * The microkernel keeps ROWS x 3 such accumulators (8 rows, 48 columns: 24 of the 32
+ * registers), reading per pair 3 weight vectors and 8 broadcast words for 24 dot
+ * products, so it runs at the dot-product unit's rate; K is not blocked (the
+ * projections' K of 576-1536 keep a row tile's x in L1 and a 48-column weight panel
+ * in L2). Threads take whole panels; each panel is read from memory by the first row
+ * tile, which prefetches the next panel into L2, and from L2 by the others. Measured
+ * against oneDNN on its own packed weights (2 cores, weights from memory, 32 rows):
+ * see docs/benchmarks.md ("bf16 matmuls of decode steps").
+ *
+ * Output: fp32, or bf16 rounded to nearest even (vcvtneps2bf16, as oneDNN's).
+ */
+#include <stdint.h>
+
+#include "kernels.h"
+#include "worker_pool.h"
+
+#define ROWS 8
+#define PANEL 3          /* 16-column vectors per panel */
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+int bf16_gemm_available(void) { return 1; }
+
+typedef struct {
+    const uint16_t *x;
+    int64_t x_stride;        /* bf16 elements from one row of x to the next */
+    const uint32_t *w;
+    int64_t m, k, n, vectors;        /* vectors = ceil(n / 16) */
+    void *y;
+    int64_t y_stride;        /* elements from one row of y to the next */
+    int y_bf16;
+} GemmJob;
+
+static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __m512 value) {
+    const int64_t left = job->n - column;
+    const __mmask16 valid = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    if (job->y_bf16) {
+        uint16_t *out = (uint16_t *)job->y + row * job->y_stride + column;
+        _mm256_mask_storeu_epi16(out, valid, (__m256i)_mm512_cvtneps_pbh(value));
+    } else {
+        _mm512_mask_storeu_ps((float *)job->y + row * job->y_stride + column, valid, value);
+    }
+}
+
+/* Rows [row, row + rows) x vectors [vector, vector + width) of y; `next` (or NULL) is
+ * the next panel, prefetched into L2 along the way. */
+static inline __attribute__((always_inline)) void tile(
+        const GemmJob *job, int64_t row, int64_t rows, int64_t vector, const int width,
+        const uint32_t *next) {
+    const int64_t pairs = job->k / 2, panel_stride = pairs * 16;
+    const uint32_t *w = job->w + vector * panel_stride;
+    const uint32_t *x[ROWS];        /* rows past m repeat the last one, not stored */
+    for (int r = 0; r < ROWS; r++)
+        x[r] = (const uint32_t *)(job->x + (row + (r < rows ? r : rows - 1)) * job->x_stride);
+    __m512 acc[ROWS][PANEL];
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < width; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512bh weights[PANEL];
+        for (int v = 0; v < width; v++) {
+            weights[v] = (__m512bh)_mm512_loadu_si512((const void *)(w + v * panel_stride + p * 16));
+            if (next) _mm_prefetch((const char *)(next + v * panel_stride + p * 16), _MM_HINT_T1);
+        }
+        for (int r = 0; r < ROWS; r++) {
+            const __m512bh word = (__m512bh)_mm512_set1_epi32((int)x[r][p]);
+            for (int v = 0; v < width; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], word, weights[v]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < width; v++) store_row(job, row + r, 16 * (vector + v), acc[r][v]);
+}
+
+/* Part `part` of `parts` takes the panels [panels * part / parts, ...): all rows. */
+static void gemm_part(const void *arg, int part, int parts) {
+    const GemmJob *job = arg;
+    const int64_t panels = (job->vectors + PANEL - 1) / PANEL, panel_stride = job->k / 2 * 16;
+    const int64_t last = panels * (part + 1) / parts;
+    for (int64_t panel = panels * part / parts; panel < last; panel++) {
+        const int64_t vector = panel * PANEL;
+        const int64_t width = job->vectors - vector < PANEL ? job->vectors - vector : PANEL;
+        const uint32_t *next = panel + 1 < last ? job->w + (vector + PANEL) * panel_stride : NULL;
+        for (int64_t row = 0; row < job->m; row += ROWS) {
+            const int64_t rows = job->m - row < ROWS ? job->m - row : ROWS;
+            const uint32_t *ahead = row == 0 ? next : NULL;
+            if (width == 3) tile(job, row, rows, vector, 3, ahead);
+            else if (width == 2) tile(job, row, rows, vector, 2, ahead);
+            else tile(job, row, rows, vector, 1, ahead);
+        }
+    }
+}
+
+/* x [m, k] bf16 (rows x_stride apart, k even), w packed as above, y [m, n] (rows
+ * y_stride apart) fp32 or (y_bf16) bf16. Returns 0, or 1 for an odd k. */
+int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
+              int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads) {
+    if (k % 2) return 1;
+    if (m <= 0 || n <= 0) return 0;
+    const GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16};
+    const int64_t panels = (job.vectors + PANEL - 1) / PANEL;
+    const int parts = num_threads < 1 ? 1 : num_threads > panels ? (int)panels : num_threads;
+    run_parallel(gemm_part, &job, parts);
+    return 0;
+}
+
+#else
+
+int bf16_gemm_available(void) { return 0; }
+
+int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
+              int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads) {
+    (void)x; (void)x_stride; (void)w; (void)m; (void)k; (void)n; (void)y; (void)y_stride;
+    (void)y_bf16; (void)num_threads;
+    return 2;
+}
+
+#endif

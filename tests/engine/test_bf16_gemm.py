@@ -1,0 +1,78 @@
+"""The native bf16 GEMM (engine/kernels/bf16_gemm.c) and its weight layout: products of
+bf16 rows and weights equal an fp64 product of the same bf16 values up to fp32
+accumulation, at every row and column remainder of its 8-row, 48-column tiles; bf16
+output is that result rounded; packed_linear sends small steps to it and large ones
+to oneDNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels import load_native_kernels
+from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS, bf16_pairs, pack_weight, packed_linear
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = load_native_kernels()
+    assert built is not None, "a C compiler is part of this project's CI machine"
+    if not built.has_bf16_gemm:
+        pytest.skip("this CPU has no AVX512-BF16: packed_linear keeps oneDNN")
+    return built
+
+
+def test_pairs_layout_worked_example():
+    weight = torch.arange(20 * 4, dtype=torch.float32).view(20, 4).bfloat16()
+    pairs = bf16_pairs(weight)
+    assert pairs.shape == (2, 2, 16, 2)
+    assert pairs[1, 1, 3, 0] == weight[19, 2] and pairs[1, 1, 3, 1] == weight[19, 3]
+    assert pairs[0, 0, 5, 1] == weight[5, 1]
+    assert torch.all(pairs[1, :, 4:] == 0)                          # rows 20..31: padding
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 32, 33])
+@pytest.mark.parametrize("in_features,out_features", [(64, 48), (576, 100), (2, 17), (130, 15)])
+def test_products_equal_fp64_of_the_bf16_values(kernels, rows, in_features, out_features):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    want = x.double() @ weight.double().T
+    got = kernels.bf16_gemm(x, bf16_pairs(weight), out_features, torch.float32)
+    assert got.shape == (rows, out_features) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    rounded = kernels.bf16_gemm(x, bf16_pairs(weight), out_features, torch.bfloat16)
+    assert torch.equal(rounded, got.bfloat16())
+
+
+def test_strided_rows_and_odd_k(kernels):
+    generator = torch.Generator().manual_seed(3)
+    wide = torch.randn(10, 96, generator=generator).bfloat16()
+    x = wide[:, :64]                                   # rows 96 apart
+    weight = torch.randn(40, 64, generator=generator).bfloat16()
+    got = kernels.bf16_gemm(x, bf16_pairs(weight), 40, torch.float32)
+    want = kernels.bf16_gemm(x.contiguous(), bf16_pairs(weight), 40, torch.float32)
+    assert torch.equal(got, want)
+    odd = torch.randn(3, 5, generator=generator).bfloat16()
+    with pytest.raises(RuntimeError, match="bf16_gemm failed"):
+        kernels.bf16_gemm(odd, torch.zeros(1, 3, 16, 2, dtype=torch.bfloat16), 16, torch.float32)
+
+
+def test_packed_linear_takes_the_native_gemm_for_small_steps_only(kernels):
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(96, 64, generator=generator).bfloat16()
+    packed = pack_weight(weight)
+    assert packed.pairs is not None and packed.dtype == torch.bfloat16
+    for rows in (4, NATIVE_BF16_MAX_ROWS, NATIVE_BF16_MAX_ROWS + 1):
+        x = torch.randn(rows, 64, generator=generator).bfloat16()
+        native = kernels.bf16_gemm(x, packed.pairs, 96, torch.float32)
+        got = packed_linear(x, packed, torch.float32)
+        onednn = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, None, "none", [], "")
+        if rows <= NATIVE_BF16_MAX_ROWS:
+            assert torch.equal(got, native)            # fp32 accumulators, not rounded
+        else:
+            assert torch.equal(got, onednn.float())    # oneDNN rounds through bf16
+        torch.testing.assert_close(got, x.float() @ weight.float().T, rtol=1e-2, atol=2e-2)
+    assert packed_linear(x, packed).dtype == torch.bfloat16
+    assert pack_weight(torch.randn(8, 5).bfloat16()).pairs is None      # odd K: oneDNN only
+    assert pack_weight(torch.randn(8, 6)).pairs is None                 # fp32: oneDNN only
