@@ -11,10 +11,11 @@
  * registers), reading per pair 3 weight vectors and 8 broadcast words for 24 dot
  * products, so it runs at the dot-product unit's rate; K is not blocked (the
  * projections' K of 576-1536 keep a row tile's x in L1 and a 48-column weight panel
- * in L2). Threads take whole panels; each panel is read from memory by the first row
- * tile, which prefetches the next panel into L2, and from L2 by the others. Measured
- * against oneDNN on its own packed weights (2 cores, weights from memory, 32 rows):
- * see docs/benchmarks.md ("bf16 matmuls of decode steps").
+ * in L2). Threads take whole panels (worker_pool.h's shared ranges); each panel is
+ * read from memory by the first row tile, which prefetches the next panel into L2,
+ * and from L2 by the others. Measured against oneDNN on its own packed weights (2
+ * cores, weights from memory, 32 rows): see docs/benchmarks.md ("bf16 matmuls of
+ * decode steps").
  *
  * Output: fp32, or bf16 rounded to nearest even (vcvtneps2bf16, as oneDNN's).
  */
@@ -39,6 +40,7 @@ typedef struct {
     void *y;
     int64_t y_stride;        /* elements from one row of y to the next */
     int y_bf16;
+    WorkRanges *panels;      /* 48-column panels, shared out between the parts */
 } GemmJob;
 
 static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __m512 value) {
@@ -81,15 +83,17 @@ static inline __attribute__((always_inline)) void tile(
         for (int v = 0; v < width; v++) store_row(job, row + r, 16 * (vector + v), acc[r][v]);
 }
 
-/* Part `part` of `parts` takes the panels [panels * part / parts, ...): all rows. */
+/* Part `part` takes panels from job->panels (its own range first); each panel: all
+ * rows, prefetching the panel after it while that one is in the same range. */
 static void gemm_part(const void *arg, int part, int parts) {
+    (void)parts;
     const GemmJob *job = arg;
-    const int64_t panels = (job->vectors + PANEL - 1) / PANEL, panel_stride = job->k / 2 * 16;
-    const int64_t last = panels * (part + 1) / parts;
-    for (int64_t panel = panels * part / parts; panel < last; panel++) {
+    const int64_t panel_stride = job->k / 2 * 16;
+    int64_t panel, limit;
+    while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
         const int64_t vector = panel * PANEL;
         const int64_t width = job->vectors - vector < PANEL ? job->vectors - vector : PANEL;
-        const uint32_t *next = panel + 1 < last ? job->w + (vector + PANEL) * panel_stride : NULL;
+        const uint32_t *next = panel + 1 < limit ? job->w + (vector + PANEL) * panel_stride : NULL;
         for (int64_t row = 0; row < job->m; row += ROWS) {
             const int64_t rows = job->m - row < ROWS ? job->m - row : ROWS;
             const uint32_t *ahead = row == 0 ? next : NULL;
@@ -106,9 +110,11 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
               int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads) {
     if (k % 2) return 1;
     if (m <= 0 || n <= 0) return 0;
-    const GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16};
-    const int64_t panels = (job.vectors + PANEL - 1) / PANEL;
+    const int64_t vectors = (n + 15) / 16, panels = (vectors + PANEL - 1) / PANEL;
     const int parts = num_threads < 1 ? 1 : num_threads > panels ? (int)panels : num_threads;
+    WorkRanges shared;
+    work_ranges_init(&shared, panels, parts);
+    const GemmJob job = {x, x_stride, w, m, k, n, vectors, y, y_stride, y_bf16, &shared};
     run_parallel(gemm_part, &job, parts);
     return 0;
 }

@@ -47,6 +47,7 @@ typedef struct {
                                 attention_bf16.c's values pass */
     float *partials;         /* H * (D + 2) (max, sum, unnormalised output) per work item,
                                 or per part when chunks == 1 (finished in place) */
+    WorkRanges *items;       /* batch * chunks work items, shared out between the parts */
 } AttentionJob;
 
 /* Element i of a cache of fp32 or bf16 values, as fp32 (the scalar path). */
@@ -157,28 +158,28 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
     }
 }
 
-/* Item i is chunk i % chunks of query i / chunks. Split contexts: part p takes items
- * [items * p / parts, items * (p + 1) / parts). Whole ones: every parts-th item from p,
- * which balances a prefill chunk's queries (query i reads i + 1 keys). */
+/* Item i is chunk i % chunks of query i / chunks; parts take items from job->items
+ * (worker_pool.h: their own range first, then the others'). A prefill chunk's queries
+ * cost their position (query i reads i + 1 keys): taking items one at a time evens
+ * that out. With one chunk per query the result is normalised in place. */
 static void attention_part(const void *arg, int part, int parts) {
+    (void)parts;
     const AttentionJob *job = arg;
-    const int64_t items = job->batch * job->chunks, heads = job->heads, dim = job->dim;
+    const int64_t heads = job->heads, dim = job->dim;
     float *scores = job->scratch + (int64_t)part * heads * (2 * job->span + 1);
-    if (job->chunks > 1) {
-        for (int64_t item = items * part / parts; item < items * (part + 1) / parts; item++) {
-            const int64_t b = item / job->chunks, chunk = item % job->chunks;
-            const int64_t length = job->lengths[b];
+    int64_t item, limit;
+    while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
+        const int64_t b = item / job->chunks, chunk = item % job->chunks;
+        const int64_t length = job->lengths[b];
+        if (job->chunks > 1) {
             attend_range(job, b, length * chunk / job->chunks,
                          length * (chunk + 1) / job->chunks, scores,
                          job->partials + item * heads * (dim + 2));
+            continue;
         }
-        return;
-    }
-    for (int64_t b = part; b < items; b += parts) {
-        const int64_t length = job->lengths[b];
         float *result = job->partials + (int64_t)part * heads * (dim + 2);
         attend_range(job, b, 0, length, scores, result);
-        for (int64_t hq = 0; hq < heads; hq++) {      /* one chunk: normalise in place */
+        for (int64_t hq = 0; hq < heads; hq++) {
             const float *piece = result + hq * (dim + 2);
             float *out = job->out + (b * heads + hq) * dim;
             for (int64_t d = 0; d < dim; d++) out[d] = piece[2 + d] / piece[1];
@@ -245,9 +246,11 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
         free(partials);
         return 2;
     }
+    WorkRanges items;
+    work_ranges_init(&items, batch * chunks, parts);
     AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, batch, width,
                         heads, kv_heads, dim, q_stride, scale, out, chunks, span, scratch,
-                        partials};
+                        partials, &items};
     run_parallel(attention_part, &job, parts);
     if (chunks > 1) merge(&job);
     free(scratch);
