@@ -83,8 +83,9 @@ class RequestStream:
             return self._queue.get_nowait()
         while True:
             try:
-                return await asyncio.wait_for(self._queue.get(), LIVENESS_POLL_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(LIVENESS_POLL_S):   # no task per wait, unlike wait_for
+                    return await self._queue.get()
+            except TimeoutError:
                 if not self._queue.empty():  # delivered just before the thread ended
                     return self._queue.get_nowait()
                 if not self._engine.is_running():

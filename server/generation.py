@@ -226,16 +226,19 @@ async def _next_item(queue: asyncio.Queue, run: GenerationRun):
     while True:
         limits = [(run.deadline, lambda: RequestTimedOut(run.state.settings.request_timeout_s)),
                   (run.state.engine.drain_deadline, ServerShuttingDown)]
-        limits = [(at, error) for at, error in limits if at is not None]
-        nearest = min(limits, key=lambda limit: limit[0]) if limits else None
-        wait = DRAIN_POLL_S
-        if nearest is not None:
-            wait = min(wait, max(0.0, nearest[0] - time.perf_counter()))
+        limits = sorted(((at, error) for at, error in limits if at is not None),
+                        key=lambda limit: limit[0])
+        now = time.perf_counter()
+        if limits and now >= limits[0][0]:
+            raise limits[0][1]()
+        if not queue.empty():
+            return queue.get_nowait()
+        wait = min([DRAIN_POLL_S] + [at - now for at, _ in limits])
         try:
-            return await asyncio.wait_for(queue.get(), wait)
-        except asyncio.TimeoutError:
-            if nearest is not None and time.perf_counter() >= nearest[0]:
-                raise nearest[1]() from None
+            async with asyncio.timeout(wait):      # no task per wait, unlike wait_for
+                return await queue.get()
+        except TimeoutError:
+            continue                               # the top raises once a limit has passed
 
 
 async def wait_for_disconnect(request: Request) -> None:
