@@ -290,9 +290,8 @@ class EngineLoop:
         self._forget(request.request_id)
 
     def deliver(self, requests: list[RequestState]) -> None:
-        for request in requests:
-            if request.streaming or request.status is RequestStatus.FINISHED:
-                self.router.deliver(request.to_output())
+        self.router.deliver_all([request.to_output() for request in requests
+                                 if request.streaming or request.status is RequestStatus.FINISHED])
 
     def _fail_all(self, message: str) -> None:
         with self.step_lock:

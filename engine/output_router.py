@@ -1,9 +1,10 @@
 """OutputRouter: delivers GenerationOutputs from the engine thread to callers.
 
-A request with a registered handler gets its outputs through
-`loop.call_soon_threadsafe(callback, output)` on the asyncio loop that was running
-when the handler was registered (or directly on the engine thread when none was);
-every other output goes to a shared thread-safe queue read by `get_result`.
+A request with a registered handler gets its outputs on the asyncio loop that was
+running when the handler was registered (one `loop.call_soon_threadsafe` per loop
+carries a step's outputs, handlers called in order), or directly on the engine thread
+when none was; every other output goes to a shared thread-safe queue read by
+`get_result`.
 """
 
 from __future__ import annotations
@@ -49,27 +50,34 @@ class OutputRouter:
 
     def deliver(self, output: GenerationOutput) -> None:
         """Engine thread. Finished requests drop their handler after delivery."""
+        self.deliver_all([output])
+
+    def deliver_all(self, outputs: list[GenerationOutput]) -> None:
+        """Engine thread: one step's outputs, in order. The callbacks of one asyncio
+        loop go over in one call_soon_threadsafe (one wake-up of the loop per step, not
+        one per request: 32 streams, 32 -> 1 self-pipe writes each step)."""
+        per_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable, GenerationOutput]]] = {}
+        direct: list[tuple[Callable, GenerationOutput]] = []
         with self._lock:
-            if output.request_id in self._cancelled:
-                return
-            if output.is_finished():
-                handler = self._handlers.pop(output.request_id, None)
-            else:
-                handler = self._handlers.get(output.request_id)
-        if handler is None:
-            self.output_queue.put(output)
-            return
-        callback, loop = handler
-        if loop is None:
+            for output in outputs:
+                if output.request_id in self._cancelled:
+                    continue
+                if output.is_finished():
+                    handler = self._handlers.pop(output.request_id, None)
+                else:
+                    handler = self._handlers.get(output.request_id)
+                if handler is None:
+                    self.output_queue.put(output)
+                elif handler[1] is None:
+                    direct.append((handler[0], output))
+                else:
+                    per_loop.setdefault(handler[1], []).append((handler[0], output))
+        _run_callbacks(direct)
+        for loop, calls in per_loop.items():
             try:
-                callback(output)
-            except Exception:  # a caller's bug must not take the engine thread down
-                logger.exception("result handler for %s raised", output.request_id)
-            return
-        try:
-            loop.call_soon_threadsafe(callback, output)
-        except RuntimeError:  # the loop was closed: nobody is listening any more
-            logger.debug("dropped output for %s: its event loop is closed", output.request_id)
+                loop.call_soon_threadsafe(_run_callbacks, calls)
+            except RuntimeError:  # the loop was closed: nobody is listening any more
+                logger.debug("dropped %d outputs: their event loop is closed", len(calls))
 
     def get(self, request_id: str | None, timeout: float | None,
             block: bool = True) -> GenerationOutput | None:
@@ -86,3 +94,13 @@ class OutputRouter:
 
     def has_pending(self) -> bool:
         return not self.output_queue.empty()
+
+
+def _run_callbacks(calls: list[tuple[Callable, GenerationOutput]]) -> None:
+    """Each handler with its output; a caller's bug must not stop the others (nor,
+    run on the engine thread, take the engine down)."""
+    for callback, output in calls:
+        try:
+            callback(output)
+        except Exception:
+            logger.exception("result handler for %s raised", output.request_id)
