@@ -36,10 +36,12 @@ weights' bytes dominate); past it arithmetic dominates and the dense matmul on t
 oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms."""
-BF16_KERNEL_ROWS = 5
-"""The same crossover when the dense weights are bf16 (dtype bf16-weights), whole
-decode steps at context 100, kernels vs packed bf16 dense on two threads: 4 rows 17
-vs 26 ms, 6 rows 22 vs 21 ms, 8 rows 29-31 vs 22-25 ms."""
+BF16_KERNEL_ROWS = 2
+"""The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
+through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on
+two threads, two alternations, kernels vs bf16 GEMM: 2 rows 10.8-11.8 vs 14.1-15.2
+ms, 3 rows 15.9-17.3 vs 14.8-16.2, 4 rows 17.8-19.3 vs 14.4-15.1, 5 rows 22.1-26.0 vs
+15.9-16.5. (Against oneDNN's bf16 matmuls it was 5 rows.)"""
 _BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
 
 

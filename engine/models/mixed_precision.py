@@ -1,9 +1,10 @@
 """Reduced-precision weights for CPU serving.
 
 `bf16-weights`: bf16 weights in the compute-bound matmuls and a bf16 KV cache
-(attention streams half the bytes; its arithmetic stays fp32, in the native kernel
-and in torch's fallback alike), fp32 everywhere else (embeddings, the residual stream,
-norms, sampling).
+(attention streams half the bytes; its arithmetic keeps fp32's precision to ~1e-5:
+the native kernel's bf16 dot products carry queries and probabilities as two bf16
+halves, torch's fallback widens to fp32), fp32 everywhere else (embeddings, the
+residual stream, norms, sampling).
 
 Each decoder projection casts its fp32 input to bf16, multiplies against bf16 weights
 (bf16 matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs) and returns fp32. On
