@@ -179,13 +179,15 @@ void attention_values_bf16(const float *probs, const uint16_t *values, const int
 #define SWEEP(pieces_) switch (n) { \
         case 4: WEIGH(4, pieces_); break; case 3: WEIGH(3, pieces_); break; \
         case 2: WEIGH(2, pieces_); break; default: WEIGH(1, pieces_); }
-        switch (pieces) {
+#define SWEEP_TWO(pieces_) if (n == 2) WEIGH(2, pieces_); else WEIGH(1, pieces_)
+        switch (pieces) {       /* n <= most: n * pieces <= 8 accumulators */
             case 1: SWEEP(1); break;
             case 2: SWEEP(2); break;
-            case 3: SWEEP(3); break;
-            case 4: SWEEP(4); break;
+            case 3: SWEEP_TWO(3); break;
+            case 4: SWEEP_TWO(4); break;
             default: WEIGH(1, pieces);
         }
+#undef SWEEP_TWO
 #undef SWEEP
 #undef WEIGH
         hq += n;
@@ -196,11 +198,11 @@ void attention_values_bf16(const float *probs, const uint16_t *values, const int
 
 int attention_bf16_apply(int64_t dim) { (void)dim; return 0; }
 
-void attention_scores_bf16(const float *q, const uint16_t *keys, const int64_t *row,
-                           int64_t count, int64_t heads, int64_t kv_heads, int64_t dim,
-                           float scale, float *scores) {
-    (void)q; (void)keys; (void)row; (void)count; (void)heads; (void)kv_heads; (void)dim;
-    (void)scale; (void)scores;
+void attention_scores_bf16(const float *q, const uint16_t *keys, const uint16_t *values,
+                           const int64_t *row, int64_t count, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, float *scores) {
+    (void)q; (void)keys; (void)values; (void)row; (void)count; (void)heads; (void)kv_heads;
+    (void)dim; (void)scale; (void)scores;
 }
 
 void attention_values_bf16(const float *probs, const uint16_t *values, const int64_t *row,

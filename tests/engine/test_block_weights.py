@@ -133,3 +133,22 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
     for fast_output, dense_output in zip(got, want):      # the same numbers, to rounding
         assert fast_output.logprobs == pytest.approx(dense_output.logprobs, abs=2e-4)
+
+
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "skylake-avx512"])
+def test_the_library_builds_for_cpus_without_this_ones_features(tmp_path, march):
+    """Each kernel file keeps a fallback (or stubs the Python side never calls) for CPUs
+    without AVX-512 or AVX512-BF16: the library must still build there, or a machine
+    without them would lose every native kernel. Builds for older x86 targets here."""
+    import platform
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if platform.machine() != "x86_64" or compiler is None:
+        pytest.skip("x86-64 targets need an x86-64 compiler")
+    built = subprocess.run([compiler, "-O1", f"-march={march}", "-pthread", "-shared", "-fPIC",
+                            "-Werror=implicit-function-declaration", "-o",
+                            str(tmp_path / "kernels.so"), *map(str, kernel_build.SOURCES), "-lm"],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
