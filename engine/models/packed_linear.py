@@ -53,9 +53,10 @@ def packing_available() -> bool:
 
 NATIVE_BF16_MAX_ROWS = 128
 """Up to this many rows a bf16 product runs on the native bf16 GEMM (bf16_gemm.c),
-past it on oneDNN. Measured, 2 cores, 30 distinct weights from memory, 576 -> 3072
-(GFLOP/s, native / oneDNN): 8 rows 264 / 166, 16 rows 339 / 260, 32 rows 345 / 181,
-64 rows 393 / 369, 256 rows 414 / 419, 3,136 rows 393 / 430."""
+past it on oneDNN. Measured with `python -m bench.matmul` (2 cores, 30 distinct
+weights from memory), native / oneDNN GFLOP/s for 576 -> 3072: 8 rows 154 / 140, 32
+rows 343 / 249, 64 rows 395 / 350, 256 rows 417 / 371; for the LM head (576 -> 49152)
+at 256 rows 326 / 373, and oneDNN is ahead on large prefills."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,27 @@
+"""bench.matmul times the native bf16 GEMM and oneDNN on the same packed weights and
+reports both rates and their ratio."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.kernels import load_native_kernels
+
+
+def test_matmul_bench_reports_both_paths(tmp_path):
+    kernels = load_native_kernels()
+    if kernels is None or not kernels.has_bf16_gemm:
+        pytest.skip("no native bf16 GEMM on this CPU")
+    from bench.matmul import main
+
+    out = tmp_path / "matmul.json"
+    report = main(["--rows", "8,33", "--shapes", "64x96", "--weights", "2", "--repeats", "1",
+                   "--json", str(out)])
+    assert [(r["rows"], r["in"], r["out"]) for r in report["results"]] == [(8, 64, 96), (33, 64, 96)]
+    for row in report["results"]:
+        assert row["native_gflops"] > 0 and row["onednn_gflops"] > 0
+        assert row["native_over_onednn"] == pytest.approx(
+            row["native_gflops"] / row["onednn_gflops"], rel=0.05)
+    assert json.loads(out.read_text()) == report
