@@ -21,14 +21,6 @@ typedef struct {
 
 static float silu_times(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
-#ifdef __AVX512F__
-static inline __m512 silu_times16(__m512 gate, __m512 up) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
-    return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
-}
-
-#endif
 
 static void silu_mul_row_f32(const float *gate, const float *up, float *out, int64_t n) {
     int64_t i = 0;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "vector_math.h"
 #include "worker_pool.h"
 
 #define ROWS 8
@@ -40,11 +41,21 @@ typedef struct {
     void *y;
     int64_t y_stride;        /* elements from one row of y to the next */
     int y_bf16;
-    WorkRanges *panels;      /* 48-column panels, shared out between the parts */
+    int64_t gated_inter;     /* > 0: W is a gated MLP's gate/up in alternating 16-row blocks
+                                (see bf16_gated_gemm), `gated_inter` rows of each */
+    int fused;               /* 1: y [m, gated_inter] bf16 = silu(gate) * up */
+    int64_t panel;           /* vectors per panel: 3, or 2 (one gate/up pair) when fused */
+    WorkRanges *panels;      /* panels, shared out between the parts */
 } GemmJob;
 
+/* The first column of y that vector v fills: 16 v, or for a gated layout the gate's
+ * (v even) or the up's (v odd) block v / 2. */
+static inline int64_t column_of(const GemmJob *job, int64_t v) {
+    return job->gated_inter ? (v & 1) * job->gated_inter + (v >> 1) * 16 : 16 * v;
+}
+
 static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __m512 value) {
-    const int64_t left = job->n - column;
+    const int64_t left = job->gated_inter ? 16 : job->n - column;
     const __mmask16 valid = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
     if (job->y_bf16) {
         uint16_t *out = (uint16_t *)job->y + row * job->y_stride + column;
@@ -79,8 +90,16 @@ static inline __attribute__((always_inline)) void tile(
                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], word, weights[v]);
         }
     }
+    if (job->fused) {       /* width 2: vector (gate j, up j), j = vector / 2 */
+        uint16_t *out = (uint16_t *)job->y + (vector / 2) * 16;
+        for (int r = 0; r < rows; r++)
+            _mm256_storeu_si256((__m256i *)(out + (row + r) * job->y_stride),
+                                (__m256i)_mm512_cvtneps_pbh(silu_times16(acc[r][0], acc[r][1])));
+        return;
+    }
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < width; v++) store_row(job, row + r, 16 * (vector + v), acc[r][v]);
+        for (int v = 0; v < width; v++)
+            store_row(job, row + r, column_of(job, vector + v), acc[r][v]);
 }
 
 /* Part `part` takes panels from job->panels (its own range first); each panel: all
@@ -91,9 +110,11 @@ static void gemm_part(const void *arg, int part, int parts) {
     const int64_t panel_stride = job->k / 2 * 16;
     int64_t panel, limit;
     while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
-        const int64_t vector = panel * PANEL;
-        const int64_t width = job->vectors - vector < PANEL ? job->vectors - vector : PANEL;
-        const uint32_t *next = panel + 1 < limit ? job->w + (vector + PANEL) * panel_stride : NULL;
+        const int64_t vector = panel * job->panel;
+        const int64_t width = job->vectors - vector < job->panel ? job->vectors - vector
+                                                                 : job->panel;
+        const uint32_t *next = panel + 1 < limit ? job->w + (vector + job->panel) * panel_stride
+                                                 : NULL;
         for (int64_t row = 0; row < job->m; row += ROWS) {
             const int64_t rows = job->m - row < ROWS ? job->m - row : ROWS;
             const uint32_t *ahead = row == 0 ? next : NULL;
@@ -104,18 +125,41 @@ static void gemm_part(const void *arg, int part, int parts) {
     }
 }
 
-/* x [m, k] bf16 (rows x_stride apart, k even), w packed as above, y [m, n] (rows
- * y_stride apart) fp32 or (y_bf16) bf16. Returns 0, or 1 for an odd k. */
-int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
-              int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads) {
-    if (k % 2) return 1;
-    if (m <= 0 || n <= 0) return 0;
-    const int64_t vectors = (n + 15) / 16, panels = (vectors + PANEL - 1) / PANEL;
+static void run_gemm(GemmJob *job, int num_threads) {
+    const int64_t panels = (job->vectors + job->panel - 1) / job->panel;
     const int parts = num_threads < 1 ? 1 : num_threads > panels ? (int)panels : num_threads;
     WorkRanges shared;
     work_ranges_init(&shared, panels, parts);
-    const GemmJob job = {x, x_stride, w, m, k, n, vectors, y, y_stride, y_bf16, &shared};
-    run_parallel(gemm_part, &job, parts);
+    job->panels = &shared;
+    run_parallel(gemm_part, job, parts);
+}
+
+/* x [m, k] bf16 (rows x_stride apart, k even), w packed as above, y [m, n] (rows
+ * y_stride apart) fp32 or (y_bf16) bf16; gated_inter > 0 for a gated layout (n = 2
+ * gated_inter: gate columns first in y). Returns 0, or 1 for an odd k or a gated
+ * layout that does not fit. */
+int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
+              int64_t n, void *y, int64_t y_stride, int y_bf16, int64_t gated_inter,
+              int num_threads) {
+    if (k % 2 || (gated_inter && (gated_inter % 16 || n != 2 * gated_inter))) return 1;
+    if (m <= 0 || n <= 0) return 0;
+    GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16, gated_inter,
+                   0, PANEL, NULL};
+    run_gemm(&job, num_threads);
+    return 0;
+}
+
+/* A gated MLP's activation straight from its gate/up product: y [m, inter] bf16 (rows
+ * y_stride apart) = silu(x @ Wg^T) * (x @ Wu^T), the fp32 sums never rounded before
+ * the activation. w holds Wg and Wu as alternating 16-row blocks (gate 0, up 0, gate
+ * 1, ...), packed as above: one panel is one (gate, up) pair. Returns 0, or 1. */
+int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
+                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int num_threads) {
+    if (k % 2 || inter % 16 || inter <= 0) return 1;
+    if (m <= 0) return 0;
+    GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter, 1, 2,
+                   NULL};
+    run_gemm(&job, num_threads);
     return 0;
 }
 
@@ -124,9 +168,17 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
 int bf16_gemm_available(void) { return 0; }
 
 int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
-              int64_t n, void *y, int64_t y_stride, int y_bf16, int num_threads) {
+              int64_t n, void *y, int64_t y_stride, int y_bf16, int64_t gated_inter,
+              int num_threads) {
     (void)x; (void)x_stride; (void)w; (void)m; (void)k; (void)n; (void)y; (void)y_stride;
-    (void)y_bf16; (void)num_threads;
+    (void)y_bf16; (void)gated_inter; (void)num_threads;
+    return 2;
+}
+
+int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
+                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int num_threads) {
+    (void)x; (void)x_stride; (void)w; (void)m; (void)k; (void)inter; (void)y; (void)y_stride;
+    (void)num_threads;
     return 2;
 }
 

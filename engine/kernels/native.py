@@ -52,7 +52,9 @@ class NativeKernels:
         library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
                                          pointer, ctypes.c_int]
         library.bf16_gemm.argtypes = [pointer, size, pointer, size, size, size, pointer, size,
-                                      ctypes.c_int, ctypes.c_int]
+                                      ctypes.c_int, size, ctypes.c_int]
+        library.bf16_gated_gemm.argtypes = [pointer, size, pointer, size, size, size, pointer,
+                                            size, ctypes.c_int]
         self.has_bf16_gemm = bool(library.bf16_gemm_available())
         library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
         library.use_openmp_helpers.argtypes = [ctypes.c_int]
@@ -81,19 +83,35 @@ class NativeKernels:
         return y
 
     def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
-                  out_dtype: torch.dtype) -> torch.Tensor:
+                  out_dtype: torch.dtype, gated_inter: int = 0) -> torch.Tensor:
         """x [rows, K] bf16 (rows may be strided) @ W^T -> [rows, out_features] fp32 or
-        bf16; W packed in pairs [ceil(N / 16), K / 2, 16, 2] bf16 (bf16_gemm.c). The
-        caller guarantees CPU tensors of those dtypes, pairs contiguous, K even."""
+        bf16; W packed in pairs [ceil(N / 16), K / 2, 16, 2] bf16 (bf16_gemm.c), or in
+        a gated MLP's alternating gate/up blocks when gated_inter > 0. The caller
+        guarantees CPU tensors of those dtypes, pairs contiguous, K even."""
         rows = x.shape[0]
         if x.stride(1) != 1:
             x = x.contiguous()
         y = torch.empty(rows, out_features, dtype=out_dtype)
         status = self._library.bf16_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
                                          x.shape[1], out_features, y.data_ptr(), out_features,
-                                         int(out_dtype == torch.bfloat16), self.num_threads)
+                                         int(out_dtype == torch.bfloat16), gated_inter,
+                                         self.num_threads)
         if status:
             raise RuntimeError(f"bf16_gemm failed ({status}) for K={x.shape[1]}")
+        return y
+
+    def bf16_gated(self, x: torch.Tensor, pairs: torch.Tensor, inter: int) -> torch.Tensor:
+        """silu(x @ Wg^T) * (x @ Wu^T) -> [rows, inter] bf16 from a gated layout
+        (bf16_gated_gemm); same guarantees as bf16_gemm."""
+        rows = x.shape[0]
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        y = torch.empty(rows, inter, dtype=torch.bfloat16)
+        status = self._library.bf16_gated_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(),
+                                               rows, x.shape[1], inter, y.data_ptr(), inter,
+                                               self.num_threads)
+        if status:
+            raise RuntimeError(f"bf16_gated_gemm failed ({status}) for K={x.shape[1]}")
         return y
 
     @property

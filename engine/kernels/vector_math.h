@@ -80,6 +80,13 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
+
+/* silu(gate) * up on 16 lanes, silu(g) = g / (1 + e^-g) (the gated MLP's activation). */
+static inline __m512 silu_times16(__m512 gate, __m512 up) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+    return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
+}
 #endif
 
 /* cache[start .. start + n) <- src as fp32, or rounded to bf16 when bf16 (a K/V

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .packed_linear import pack_in_place, packed_linear
+from .packed_linear import pack_in_place, packed_gated, packed_linear
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class FusedBlockMLP:
         gate_up, down = self.gate_up.packed, self.down.packed
         if gate_up is None or down is None or gate_up.dtype != down.dtype:
             return None
-        activated = self.kernels.silu_mul(packed_linear(x.to(gate_up.dtype), gate_up))
+        activated = packed_gated(x.to(gate_up.dtype), gate_up, self.kernels)
         return packed_linear(activated, down, x.dtype)
 
 

@@ -12,8 +12,9 @@ bf16-weights), this path calls the pieces directly:
     qkv = h @ Wqkv in fp32; rotate q and k, store k and v (rope_store)
     a = the backend's attention over the cache (already written)
     x = x + a @ Wo
-    x = x + mlp(x): for GGUF layers gate_up, silu_mul and down straight on the packed
-        weights (norm in the weights' dtype again); otherwise the MLP modules
+    x = x + mlp(x): for GGUF layers gate_up with its activation (packed_gated) and
+        down straight on the packed weights (norm in the weights' dtype again);
+        otherwise the MLP modules
 
 with the modules' arithmetic in the same order: the output is bit-identical
 (tests/engine/test_packed_layer.py). The step-wide checks (rotary tables, slots,
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from .block_weights import BlockLinear, FusedBlockMLP
-from .packed_linear import PackedWeight, packed_linear
+from .packed_linear import PackedWeight, packed_gated, packed_linear
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -83,7 +84,7 @@ class PackedLayer:
         if self.gate_up is None:
             return hidden + self.layer.mlp(self.second(hidden))
         normed = kernels.rms_norm(hidden, self.second.weight, self.second.eps, self.dtype)
-        activated = kernels.silu_mul(packed_linear(normed, self.gate_up))
+        activated = packed_gated(normed, self.gate_up, kernels)
         return hidden + packed_linear(activated, self.down, fp32)
 
 

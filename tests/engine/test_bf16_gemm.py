@@ -2,7 +2,8 @@
 bf16 rows and weights equal an fp64 product of the same bf16 values up to fp32
 accumulation, at every row and column remainder of its 8-row, 48-column tiles; bf16
 output is that result rounded; packed_linear sends small steps to it and large ones
-to oneDNN."""
+to oneDNN; a gated MLP's paired gate/up gives the unfused activation of its fp32
+sums, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from engine.kernels import load_native_kernels
-from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS, bf16_pairs, pack_weight, packed_linear
+from engine.models.packed_linear import (NATIVE_BF16_MAX_ROWS, bf16_pairs, gate_pairs,
+                                         pack_weight, packed_gated, packed_linear)
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +78,23 @@ def test_packed_linear_takes_the_native_gemm_for_small_steps_only(kernels):
     assert packed_linear(x, packed).dtype == torch.bfloat16
     assert pack_weight(torch.randn(8, 5).bfloat16()).pairs is None      # odd K: oneDNN only
     assert pack_weight(torch.randn(8, 6)).pairs is None                 # fp32: oneDNN only
+
+
+def test_paired_gate_up_gives_the_activation_of_its_fp32_sums(kernels):
+    generator = torch.Generator().manual_seed(11)
+    inter, in_features = 48, 64
+    weight = torch.randn(2 * inter, in_features, generator=generator).bfloat16()
+    plain, paired = pack_weight(weight), pack_weight(weight)
+    gate_pairs(paired)
+    assert paired.gated_inter == inter and plain.gated_inter == 0
+    assert not torch.equal(paired.pairs, plain.pairs)          # reordered blocks
+    for rows in (1, 9, 32, NATIVE_BF16_MAX_ROWS + 1):
+        x = torch.randn(rows, in_features, generator=generator).bfloat16()
+        sums = packed_linear(x, plain, torch.float32)           # [rows, 2I], gate first
+        assert torch.equal(packed_linear(x, paired, torch.float32), sums)
+        got = packed_gated(x, paired, kernels)
+        assert got.shape == (rows, inter) and got.dtype == torch.bfloat16
+        if rows <= NATIVE_BF16_MAX_ROWS:      # silu of the fp32 sums, rounded once
+            assert torch.equal(got, kernels.silu_mul(sums).bfloat16())
+        else:                                 # oneDNN's bf16 product, then silu_mul
+            assert torch.equal(got, kernels.silu_mul(packed_linear(x, plain)))
