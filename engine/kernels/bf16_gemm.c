@@ -18,6 +18,10 @@
  * decode steps").
  *
  * Output: fp32, or bf16 rounded to nearest even (vcvtneps2bf16, as oneDNN's).
+ * bf16_gated_gemm runs a gated MLP's gate/up product on a paired layout (gate and up
+ * in alternating 16-row blocks, one pair per panel) and writes silu(gate) * up in
+ * bf16 from the fp32 sums; bf16_gemm's plain products of that layout put each block
+ * back at its column (gate columns first).
  */
 #include <stdint.h>
 
