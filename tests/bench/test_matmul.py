@@ -17,11 +17,12 @@ def test_matmul_bench_reports_both_paths(tmp_path):
     from bench.matmul import main
 
     out = tmp_path / "matmul.json"
-    report = main(["--rows", "8,33", "--shapes", "64x96", "--weights", "2", "--repeats", "1",
+    report = main(["--rows", "8,33", "--shapes", "256x384", "--weights", "2", "--repeats", "1",
                    "--json", str(out)])
-    assert [(r["rows"], r["in"], r["out"]) for r in report["results"]] == [(8, 64, 96), (33, 64, 96)]
+    assert [(r["rows"], r["in"], r["out"]) for r in report["results"]] == [(8, 256, 384), (33, 256, 384)]
     for row in report["results"]:
         assert row["native_gflops"] > 0 and row["onednn_gflops"] > 0
+        # the rates are rounded to 0.1 GFLOP/s, the ratio comes from the raw times
         assert row["native_over_onednn"] == pytest.approx(
-            row["native_gflops"] / row["onednn_gflops"], rel=0.05)
+            row["native_gflops"] / row["onednn_gflops"], rel=0.15)
     assert json.loads(out.read_text()) == report
