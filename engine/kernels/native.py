@@ -83,35 +83,29 @@ class NativeKernels:
         return y
 
     def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
-                  out_dtype: torch.dtype, gated_inter: int = 0) -> torch.Tensor:
+                  out_dtype: torch.dtype, gated_inter: int = 0,
+                  activation: bool = False) -> torch.Tensor:
         """x [rows, K] bf16 (rows may be strided) @ W^T -> [rows, out_features] fp32 or
         bf16; W packed in pairs [ceil(N / 16), K / 2, 16, 2] bf16 (bf16_gemm.c), or in
-        a gated MLP's alternating gate/up blocks when gated_inter > 0. The caller
+        a gated MLP's alternating gate/up blocks when gated_inter > 0, and with
+        `activation` silu(gate) * up [rows, gated_inter] bf16 instead. The caller
         guarantees CPU tensors of those dtypes, pairs contiguous, K even."""
-        rows = x.shape[0]
+        rows, library = x.shape[0], self._library
         if x.stride(1) != 1:
             x = x.contiguous()
-        y = torch.empty(rows, out_features, dtype=out_dtype)
-        status = self._library.bf16_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
-                                         x.shape[1], out_features, y.data_ptr(), out_features,
-                                         int(out_dtype == torch.bfloat16), gated_inter,
-                                         self.num_threads)
+        if activation:
+            y = torch.empty(rows, gated_inter, dtype=torch.bfloat16)
+            status = library.bf16_gated_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
+                                             x.shape[1], gated_inter, y.data_ptr(), gated_inter,
+                                             self.num_threads)
+        else:
+            y = torch.empty(rows, out_features, dtype=out_dtype)
+            status = library.bf16_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
+                                       x.shape[1], out_features, y.data_ptr(), out_features,
+                                       int(out_dtype == torch.bfloat16), gated_inter,
+                                       self.num_threads)
         if status:
-            raise RuntimeError(f"bf16_gemm failed ({status}) for K={x.shape[1]}")
-        return y
-
-    def bf16_gated(self, x: torch.Tensor, pairs: torch.Tensor, inter: int) -> torch.Tensor:
-        """silu(x @ Wg^T) * (x @ Wu^T) -> [rows, inter] bf16 from a gated layout
-        (bf16_gated_gemm); same guarantees as bf16_gemm."""
-        rows = x.shape[0]
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        y = torch.empty(rows, inter, dtype=torch.bfloat16)
-        status = self._library.bf16_gated_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(),
-                                               rows, x.shape[1], inter, y.data_ptr(), inter,
-                                               self.num_threads)
-        if status:
-            raise RuntimeError(f"bf16_gated_gemm failed ({status}) for K={x.shape[1]}")
+            raise RuntimeError(f"bf16 GEMM failed ({status}) for K={x.shape[1]}")
         return y
 
     @property

@@ -127,7 +127,8 @@ def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels) -> torch.Tenso
     (gate_pairs), else the bf16 product, then kernels.silu_mul."""
     if gate_up.gated_inter and x.shape[0] <= NATIVE_BF16_MAX_ROWS \
             and not torch.compiler.is_compiling():
-        return gate_up.kernels.bf16_gated(x, gate_up.pairs, gate_up.gated_inter)
+        return gate_up.kernels.bf16_gemm(x, gate_up.pairs, gate_up.out_features, torch.bfloat16,
+                                         gate_up.gated_inter, activation=True)
     return kernels.silu_mul(packed_linear(x, gate_up))
 
 

@@ -56,7 +56,7 @@ def test_strided_rows_and_odd_k(kernels):
     want = kernels.bf16_gemm(x.contiguous(), bf16_pairs(weight), 40, torch.float32)
     assert torch.equal(got, want)
     odd = torch.randn(3, 5, generator=generator).bfloat16()
-    with pytest.raises(RuntimeError, match="bf16_gemm failed"):
+    with pytest.raises(RuntimeError, match="bf16 GEMM failed"):
         kernels.bf16_gemm(odd, torch.zeros(1, 3, 16, 2, dtype=torch.bfloat16), 16, torch.float32)
 
 
