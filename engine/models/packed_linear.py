@@ -161,19 +161,16 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight,
     weight's dtype or `out_dtype` (fp32 from a bf16 weight: the fp32 accumulators as
     they are, where the native GEMM serves; rounded through bf16 where oneDNN does)."""
     flat = x.reshape(-1, x.shape[-1])
-    if packed.pairs is not None and flat.shape[0] <= NATIVE_BF16_MAX_ROWS \
-            and not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if packed.pairs is not None and flat.shape[0] <= NATIVE_BF16_MAX_ROWS and not compiling:
         y = packed.kernels.bf16_gemm(flat, packed.pairs, packed.out_features,
                                      out_dtype or packed.dtype, packed.gated_inter)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    if torch.compiler.is_compiling():
-        y = packed_matmul_op(flat, packed.onednn, packed.out_features)
     else:
-        y = torch.ops.mkldnn._linear_pointwise(flat, packed.onednn, None, "none", [], "")
-    if out_dtype is not None and y.dtype != out_dtype:
-        y = y.to(out_dtype)
+        flat = flat.contiguous()
+        y = (packed_matmul_op(flat, packed.onednn, packed.out_features) if compiling else
+             torch.ops.mkldnn._linear_pointwise(flat, packed.onednn, None, "none", [], ""))
+        if out_dtype is not None and y.dtype != out_dtype:
+            y = y.to(out_dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
