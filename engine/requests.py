@@ -42,11 +42,12 @@ class RequestState:
     num_registered_blocks: int = 0
     """How many of `block_ids` were offered to the prefix cache."""
     num_cached_tokens: int = 0
+    """Prompt tokens taken from the prefix cache at the last admission (whole pages, and
+    the start of a page copied from a running request)."""
     offloaded_slots: list[int] = field(default_factory=list)
     """CPU pool slots holding this preempted request's K/V (CPU offload)."""
     offloaded_tokens: int = 0
     """How many tokens those slots hold: `num_computed_tokens` on restore."""
-    """Prompt tokens taken from the prefix cache at the last admission."""
     status: RequestStatus = RequestStatus.PENDING
     finish_reason: str | None = None
     error: str | None = None

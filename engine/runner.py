@@ -13,7 +13,7 @@ from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
 from .distributed import StepPlan, StepSync, to_device
-from .kv_cache.paged_cache import PagedKVCache, copy_blocks, kv_cache_dtype
+from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
 from .models.block_weights import BlockLinear
@@ -115,7 +115,8 @@ class ModelRunner:
         (lookahead_inputs), else built here."""
         if inputs is None and batch.entries:
             inputs = self._inputs(batch)
-        plan = StepPlan(list(batch.swap_out), list(batch.swap_in), inputs)
+        plan = StepPlan(list(batch.swap_out), list(batch.swap_in), inputs,
+                        list(batch.prefix_copies))
         if self.step_sync is not None:
             self.step_sync.send_plan(plan)
         hidden = self._run_plan(plan)
@@ -155,6 +156,8 @@ class ModelRunner:
         if plan.swap_out or plan.swap_in:
             copy_blocks(self.cache, self.offload_cache, plan.swap_out)
             copy_blocks(self.offload_cache, self.cache, plan.swap_in)
+        if plan.prefix_copies:
+            copy_slots(self.cache, plan.prefix_copies)
         if inputs is None:
             return None
         graphs = self.decode_graphs

@@ -60,6 +60,8 @@ class ScheduledBatch:
     """(device blocks, pool slots) to copy to the CPU pool before the forward pass."""
     swap_in: list[tuple[list[int], list[int]]] = ()
     """(pool slots, device blocks) to copy back after the swap-outs."""
+    prefix_copies: list[tuple[int, int, int]] = ()
+    """(source block, target block, slots): partial-page prefixes, copied after the swaps."""
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +120,8 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         requests = list(self.running) + list(self.waiting)
-        self.allocator.check_invariants([r.block_ids for r in requests])
+        self.allocator.check_invariants([r.block_ids for r in requests]
+                                        + [self.blocks.pinned_blocks])
         if self.blocks.offload_allocator is not None:
             self.blocks.offload_allocator.check_invariants(self.blocks.pool_holders(requests))
         if self.blocks.sliding_allocator is not None:
@@ -134,7 +137,8 @@ class Scheduler:
         if not step.entries and not (self.blocks.swap_out or self.blocks.swap_in):
             return None   # (copies recorded this step must still run: never dropped)
         return ScheduledBatch(entries=step.entries, preempted=step.preempted,
-                              swap_out=self.blocks.swap_out, swap_in=self.blocks.swap_in)
+                              swap_out=self.blocks.swap_out, swap_in=self.blocks.swap_in,
+                              prefix_copies=self.blocks.prefix_copies)
 
     def _preempt(self, request: RequestState) -> None:
         """Take the request's blocks away: its K/V goes to the CPU pool when there is
@@ -233,7 +237,7 @@ class _StepBuilder:
             blocks.restore(request)
             blocks.grow(request, start + num_tokens)
             return num_tokens
-        blocks.take_cached_prefix(request)
+        partial = blocks.take_cached_prefix(request, sched.running)
         start = request.num_computed_tokens
         num_tokens = min(request.num_tokens - start, self.budget - self.reserved)
         needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
@@ -241,6 +245,8 @@ class _StepBuilder:
             blocks.release(request)          # give the cached prefix back
             request.num_computed_tokens = request.num_cached_tokens = 0
             return None
+        if partial is not None:
+            blocks.copy_partial_prefix(request, partial)
         blocks.count_prefix_lookup(request)
         return num_tokens
 

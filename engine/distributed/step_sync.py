@@ -29,6 +29,7 @@ class StepPlan:
     swap_out: list                      # (device blocks, host blocks) to copy out
     swap_in: list                       # (host blocks, device blocks) to copy in
     inputs: Any                         # engine.batch.StepInputs on the host, or None
+    prefix_copies: list = ()            # (source block, target block, slots), after swaps
 
 
 _IDLE, _STOP = "idle", "stop"

@@ -3,6 +3,8 @@
 It turns scheduler decisions into block operations on the allocator:
 - `grow`: give a request the blocks its next tokens need;
 - prefix caching: `take_cached_prefix` on admission, `register_full_blocks` as blocks fill;
+  below a page, the start of the first uncached page copied from a running request
+  (partial_prefix.py): `prefix_copies`, run by the runner after the swaps;
 - sliding windows (hybrid models): sliding layers have their own block pool; a request
   holds `sliding_block_ids` only for the pages its window still covers, and `grow`
   recycles the pages that fell out of the window (their entry becomes None);
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from .allocator import BlockAllocator
 from .block_hash import extend_block_hashes
+from .partial_prefix import PartialPrefix, find_partial_prefix
 from ..requests import RequestState
 
 
@@ -37,6 +40,10 @@ class BlockManager:
         self.swap_out: list[tuple[list[int], list[int]]] = []   # (device blocks, pool slots)
         self.swap_in: list[tuple[list[int], list[int]]] = []    # (pool slots, device blocks)
         self._pool_slots_to_free: list[int] = []
+        self.prefix_copies: list[tuple[int, int, int]] = []
+        """(source block, target block, slots) of this step's partial-page prefixes."""
+        self.pinned_blocks: list[int] = []
+        """Source blocks of `prefix_copies`, held until the next step begins."""
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
         self.num_swapped_out = 0
@@ -88,11 +95,15 @@ class BlockManager:
             request.offloaded_slots, request.offloaded_tokens = [], 0
 
     # -- prefix caching --------------------------------------------------------------
-    def take_cached_prefix(self, request: RequestState) -> None:
+    def take_cached_prefix(self, request: RequestState,
+                           running: list[RequestState] = ()) -> PartialPrefix | None:
         """On admission, reuse every cached full block of the request's tokens, but
-        always leave at least one token to compute (its logits give the next token)."""
+        always leave at least one token to compute (its logits give the next token).
+        Then look in `running` for the start of the next page (partial_prefix.py): its
+        tokens count as computed too; the caller passes the returned PartialPrefix to
+        `copy_partial_prefix` once the request has its blocks."""
         if not self.allocator.enable_caching:
-            return
+            return None
         tokens = request.all_tokens()
         extend_block_hashes(request.block_hashes, tokens, self.page_size)
         usable = (len(tokens) - 1) // self.page_size
@@ -101,6 +112,21 @@ class BlockManager:
         request.block_ids = cached
         request.num_registered_blocks = len(cached)
         request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
+        if self.sliding_allocator is not None:   # (its pages would need copies too)
+            return None
+        partial = find_partial_prefix(request, running, self.page_size)
+        if partial is not None:
+            request.num_computed_tokens += partial.num_tokens
+            request.num_cached_tokens = request.num_computed_tokens
+        return partial
+
+    def copy_partial_prefix(self, request: RequestState, partial: PartialPrefix) -> None:
+        """The admitted request's page gets the shared slots before the next forward
+        pass; the source block stays held until then."""
+        target = request.block_ids[(request.num_computed_tokens - 1) // self.page_size]
+        self.allocator.share([partial.source_block])
+        self.pinned_blocks.append(partial.source_block)
+        self.prefix_copies.append((partial.source_block, target, partial.num_tokens))
 
     def count_prefix_lookup(self, request: RequestState) -> None:
         """Once a request is admitted: its tokens were looked up, `num_cached_tokens`
@@ -150,11 +176,15 @@ class BlockManager:
         return True
 
     def begin_step(self) -> None:
-        """Pool slots read by the previous step's swap-ins are free again."""
+        """Pool slots read by the previous step's swap-ins, and source blocks of its
+        prefix copies, are free again."""
         if self._pool_slots_to_free:
             self.offload_allocator.free(self._pool_slots_to_free)
             self._pool_slots_to_free = []
-        self.swap_out, self.swap_in = [], []
+        if self.pinned_blocks:
+            self.allocator.free(self.pinned_blocks)
+            self.pinned_blocks = []
+        self.swap_out, self.swap_in, self.prefix_copies = [], [], []
 
     def pool_holders(self, requests) -> list[list[int]]:
         return [r.offloaded_slots for r in requests] + [self._pool_slots_to_free]

@@ -86,3 +86,18 @@ def copy_blocks(source: PagedKVCache, target: PagedKVCache,
             blocks = source_layer.index_select(0, source_ids).to(
                 target.device, non_blocking=target.device.type != "cpu")
             target_layer.index_copy_(0, target_ids, blocks)
+
+
+def copy_slots(cache: PagedKVCache, copies: list[tuple[int, int, int]]) -> None:
+    """For each (source block, target block, count), copy the first `count` slots of
+    the source block to the same slots of the target block, in every layer (the
+    partial-page prefixes of partial_prefix.py). Source and target slots never overlap:
+    a target is a block its request was just given."""
+    page_size = cache.page_size
+    source_slots = [source * page_size + i for source, _, count in copies for i in range(count)]
+    target_slots = [target * page_size + i for _, target, count in copies for i in range(count)]
+    source_ids = torch.tensor(source_slots, device=cache.device)
+    target_ids = torch.tensor(target_slots, device=cache.device)
+    for layer in cache.key_caches + cache.value_caches:
+        slots = layer.view(-1, *layer.shape[2:])        # [num_blocks * page_size, heads, dim]
+        slots.index_copy_(0, target_ids, slots.index_select(0, source_ids))

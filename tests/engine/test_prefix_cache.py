@@ -52,13 +52,15 @@ def test_scheduler_reuses_a_cached_prefix_and_computes_the_rest():
     assert (entry.start, entry.num_tokens) == (12, 2)        # 3 full blocks reused
     assert second.block_ids[:3] == first.block_ids[:3]
     assert scheduler.blocks.prefix_hit_tokens == 12
-    # an identical prompt never reuses its last token's block: its logits are needed
+    # an identical prompt never reuses its last token's block: its logits are needed;
+    # that block's first 3 slots are copied from the running first request instead
     third = make_request("c", 12, max_new_tokens=2)
     third.prompt_ids = first.prompt_ids[:12]
     scheduler.add(third)
     batch = run_step(scheduler)
     entry = [e for e in batch.entries if e.request is third][0]
-    assert (entry.start, entry.num_tokens) == (8, 4)
+    assert (entry.start, entry.num_tokens) == (11, 1)
+    assert batch.prefix_copies == [(first.block_ids[2], third.block_ids[2], 3)]
 
 
 def run(model, prompts, sharing, **config):

@@ -1,6 +1,8 @@
 """Randomised scheduling: many requests of random lengths, random cancellations and
 both policies on a tiny cache (so preemption, chunking and prefix hits all happen).
-After every step the allocator invariants hold; in the end every request that was not
+After every step the allocator invariants hold, and a shadow cache that plays the
+runner's copies (swaps, partial-page prefixes) and writes shows every running request
+its own tokens at every computed position; in the end every request that was not
 cancelled has all its tokens and every block is free again."""
 
 import random
@@ -20,16 +22,53 @@ def random_request(rng: random.Random, index: int, shared_prefix: list[int]) -> 
     return RequestState(f"r{index}", prompt, rng.randint(1, 12), (), SamplingParams())
 
 
+PAGE = 4
+
+
+class ShadowCache:
+    """Which token each device slot and pool slot holds, as the runner would leave them."""
+
+    def __init__(self) -> None:
+        self.device: dict[int, int] = {}
+        self.pool: dict[int, int] = {}
+
+    def run(self, batch) -> None:
+        for source, target, blocks_from, blocks_to in (
+                (self.device, self.pool, *zip(*batch.swap_out or [((), ())])),
+                (self.pool, self.device, *zip(*batch.swap_in or [((), ())]))):
+            for from_ids, to_ids in zip(blocks_from, blocks_to):
+                for a, b in zip(from_ids, to_ids):
+                    for offset in range(PAGE):
+                        if a * PAGE + offset in source:
+                            target[b * PAGE + offset] = source[a * PAGE + offset]
+        for source_block, target_block, count in batch.prefix_copies:
+            for offset in range(count):
+                token = self.device[source_block * PAGE + offset]
+                self.device[target_block * PAGE + offset] = token
+        for entry in batch.entries:
+            request = entry.request
+            tokens = request.tokens_between(entry.start, entry.end)
+            for position, token in zip(range(entry.start, entry.end), tokens):
+                self.device[request.block_ids[position // PAGE] * PAGE + position % PAGE] = token
+
+    def check(self, request: RequestState) -> None:
+        tokens = request.all_tokens()
+        for position in range(request.num_computed_tokens):
+            slot = request.block_ids[position // PAGE] * PAGE + position % PAGE
+            assert self.device.get(slot) == tokens[position], (request.request_id, position)
+
+
 @pytest.mark.parametrize("policy", ["fifo", "prefill_first"])
 @pytest.mark.parametrize("seed", range(6))
 def test_random_workload_finishes_without_leaks(policy, seed):
     rng = random.Random(seed)
     offload = BlockAllocator(6) if seed % 2 else None
-    scheduler = Scheduler(BlockAllocator(12, enable_caching=seed % 3 != 0), 4,
+    scheduler = Scheduler(BlockAllocator(12, enable_caching=seed % 3 != 0), PAGE,
                           rng.choice([8, 16, 64]), rng.choice([2, 4, 16]),
                           rng.choice([0.0, 0.15]), policy, offload_allocator=offload)
     shared_prefix = [rng.randrange(3, 50) for _ in range(16)]
     live, cancelled, finished = {}, set(), {}
+    shadow = ShadowCache()
     for index in range(40):
         request = random_request(rng, index, shared_prefix)
         if request.max_total_tokens <= 12 * 4:               # the add-time length check
@@ -46,6 +85,7 @@ def test_random_workload_finishes_without_leaks(policy, seed):
             break
         assert batch.num_tokens <= scheduler.max_batch_tokens
         assert len(batch.entries) <= scheduler.max_requests_per_batch
+        shadow.run(batch)
         for entry in batch.entries:
             assert len(entry.request.block_ids) * 4 >= entry.end     # room for every token
             entry.request.num_computed_tokens = entry.end
@@ -55,6 +95,8 @@ def test_random_workload_finishes_without_leaks(policy, seed):
                 scheduler.finish(entry.request)
                 finished[entry.request.request_id] = live.pop(entry.request.request_id)
         scheduler.check_invariants()
+        for request in scheduler.running:
+            shadow.check(request)
     # the tiny cache really was under pressure or shared (else the test proves little)
     assert scheduler.num_preemptions or scheduler.blocks.prefix_hit_tokens
     assert not live and not scheduler.has_work()
