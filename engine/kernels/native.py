@@ -109,6 +109,12 @@ class NativeKernels:
         return y
 
     @property
+    def library(self) -> ctypes.CDLL:
+        """The loaded library, for composite kernels fronted by their callers
+        (models/packed_stack.py)."""
+        return self._library
+
+    @property
     def num_threads(self) -> int:
         """Parts each call is split into, on the calling thread."""
         return getattr(self._per_thread, "num_threads", self.max_threads)

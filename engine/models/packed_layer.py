@@ -74,7 +74,7 @@ class PackedLayer:
         value_cache = kv_cache.value_caches[attn.layer_idx]
         if not (rows > self.block_rows and hidden.dim() == 2 and hidden.dtype == torch.float32
                 and hidden.is_contiguous() and hidden.device.type == "cpu"
-                and _step_fits(meta, cos, sin, key_cache, value_cache)):
+                and step_fits(meta, cos, sin, key_cache, value_cache)):
             return None
         fp32 = torch.float32
         qkv = packed_linear(kernels.rms_norm(hidden, self.first.weight, self.first.eps,
@@ -90,11 +90,11 @@ class PackedLayer:
 
 _last_step: tuple = (None, False)
 """(metadata, verdict) of the last check: every layer of a step shares its metadata,
-rotary tables and cache layout, so _step_fits checks once per step. Replaced as one
+rotary tables and cache layout, so step_fits checks once per step. Replaced as one
 tuple, so engines on other threads never read a mixed pair."""
 
 
-def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
+def step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                value_cache: torch.Tensor) -> bool:
     """The rotary tables cover whole heads as contiguous CPU fp32, the slots are
     contiguous int64, and the caches are contiguous fp32 or bf16 of one dtype."""
