@@ -227,17 +227,23 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
 
 
 def _use_packed_layers(module, cache_dir) -> None:
-    """Layers of packed weights run larger CPU steps as direct calls (packed_layer.py),
-    all of them in one call where they qualify (packed_stack.py)."""
+    """Layers of packed weights run larger CPU steps as direct calls (packed_layer.py);
+    where every layer qualifies, the fast decode layers and the packed layers run as
+    one native call per step (fast_decode.FastDecodeStack, packed_stack.PackedStack)."""
     from .kernels import load_native_kernels
+    from .models.fast_decode import FastDecodeStack
     from .models.packed_layer import use_packed_layers
-    from .models.packed_stack import use_packed_stack
+    from .models.packed_stack import PackedStack
 
     kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    if kernels is not None:
-        logger.debug("%d layers on the packed-layer path", use_packed_layers(module, kernels))
-        if use_packed_stack(module, kernels):
-            logger.debug("the layers run as one native stack")
+    if kernels is None:
+        return
+    logger.debug("%d layers on the packed-layer path", use_packed_layers(module, kernels))
+    if hasattr(module, "layer_stacks"):
+        module.layer_stacks = [stack for stack in (FastDecodeStack.build(module, kernels),
+                                                   PackedStack.build(module, kernels))
+                               if stack is not None]
+        logger.debug("%d whole-stack paths", len(module.layer_stacks))
 
 
 def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:

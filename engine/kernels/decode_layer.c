@@ -59,3 +59,47 @@ int q4_mlp_block(const float *x, int64_t rows, int64_t k, const float *norm_weig
     free(h);
     return status;
 }
+
+/* Every layer of the step through the two halves above, in one call (models/
+ * fast_decode.py's FastDecodeStack): the layers' Python loop, its checks and the
+ * interpreter lock's round trips go, the arithmetic is the halves' own. */
+typedef struct {
+    const float *input_norm, *post_norm;
+    float input_eps, post_eps;
+    const uint8_t *qkv_q;
+    const float *qkv_d, *qkv_m;
+    const uint8_t *o_q;
+    const float *o_d, *o_m;
+    const uint8_t *gate_up_q;
+    const float *gate_up_d, *gate_up_m;
+    const uint8_t *down_q;
+    const float *down_d, *down_m;
+    void *keys, *values;             /* this layer's flat cache [slots, KVH, D] */
+} Q4StackLayer;
+
+/* x [tokens, hidden] in, the last layer's output out (in place); the rest as in
+ * q4_attention_block. */
+int q4_decoder_stack(const Q4StackLayer *layers, int64_t num_layers, int64_t hidden,
+                     int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t dim,
+                     float scale, int kv_bf16, float *x, int64_t tokens, const float *cos,
+                     const float *sin, const int64_t *slot_mapping, const int64_t *slots,
+                     const int64_t *lengths, int64_t width, int num_threads) {
+    if (tokens <= 0) return 0;
+    float *y = malloc(sizeof(float) * tokens * hidden);
+    int status = y ? 0 : 2;
+    for (int64_t l = 0; !status && l < num_layers; l++) {
+        const Q4StackLayer *layer = &layers[l];
+        status = q4_attention_block(x, tokens, hidden, layer->input_norm, layer->input_eps,
+                                    layer->qkv_q, layer->qkv_d, layer->qkv_m, cos, sin,
+                                    slot_mapping, layer->keys, layer->values, kv_bf16, slots,
+                                    lengths, width, heads, kv_heads, dim, scale, layer->o_q,
+                                    layer->o_d, layer->o_m, y, num_threads);
+        if (!status)
+            status = q4_mlp_block(y, tokens, hidden, layer->post_norm, layer->post_eps,
+                                  layer->gate_up_q, layer->gate_up_d, layer->gate_up_m,
+                                  intermediate, layer->down_q, layer->down_d, layer->down_m, x,
+                                  num_threads);
+    }
+    free(y);
+    return status;
+}

@@ -17,10 +17,13 @@ The whole layer is two native calls, `attention_block` (norm, qkv, RoPE, cache
 write, attention, o_proj, residual) and `mlp_block` (norm, gated MLP, residual), with
 the modules' arithmetic in the same order (the norm and RoPE written in C). Any other
 step (prefill rows, more rows, a partial RoPE, sliding layers) returns None and the
-modules run.
+modules run. When every layer of the model has one, FastDecodeStack runs them all in
+one native call (decode_layer.c's q4_decoder_stack, the same halves in a C loop).
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 from torch import nn
@@ -95,3 +98,76 @@ def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> boo
                        for t in longs))
     _last_step = (meta, verdict)
     return verdict
+
+
+class _Q4Layer(ctypes.Structure):          # decode_layer.c's Q4StackLayer
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float)] + [
+        (f"{name}_{part}", ctypes.c_void_p) for name in ("qkv", "o", "gate_up", "down")
+        for part in ("q", "d", "m")] + [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
+
+
+class FastDecodeStack:
+    """Every FastDecodeLayer of the model in one call (the model's `layer_stacks`):
+    the same steps, the same output, bit for bit (tests/engine/test_packed_stack.py)."""
+
+    def __init__(self, layers: list[FastDecodeLayer], kernels) -> None:
+        self.layers, self.kernels = layers, kernels
+        self.function = kernels.library.q4_decoder_stack
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self.function.argtypes = [pointer, size, size, size, size, size, size, ctypes.c_float,
+                                  ctypes.c_int, pointer, size, pointer, pointer, pointer,
+                                  pointer, pointer, size, ctypes.c_int]
+        self.entries = (_Q4Layer * len(layers))(*(self._entry(layer) for layer in layers))
+        attn = layers[0].attn
+        self.max_rows = min(layer.attn.qkv_proj.max_rows for layer in layers)
+        self.shape = (attn.o_proj.codes.shape[0], layers[0].mlp.gate_up_proj.codes.shape[0] // 2,
+                      attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
+        self.bound_cache = None
+
+    @staticmethod
+    def _entry(layer: FastDecodeLayer) -> _Q4Layer:
+        first, second = layer.norms
+        blocks = (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj,
+                  layer.mlp.down_proj)
+        return _Q4Layer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
+                        second.eps, *(t.data_ptr() for b in blocks
+                                      for t in (b.codes, b.scales, b.minima)))
+
+    @staticmethod
+    def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
+        layers = [getattr(layer, "fast_decode", None) for layer in getattr(model, "layers", [])]
+        if not layers or not all(isinstance(layer, FastDecodeLayer) for layer in layers) \
+                or not hasattr(kernels, "library"):
+            return None
+        return FastDecodeStack(layers, kernels)
+
+    def _bind(self, kv_cache) -> None:
+        if self.bound_cache is not kv_cache:
+            for entry, layer in zip(self.entries, self.layers):
+                entry.keys = kv_cache.key_caches[layer.layer_idx].data_ptr()
+                entry.values = kv_cache.value_caches[layer.layer_idx].data_ptr()
+            self.bound_cache = kv_cache
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 kv_cache, meta) -> torch.Tensor | None:
+        """The last layer's output [T, hidden], or None when this step is not for it
+        (FastDecodeLayer's conditions, checked once for all layers)."""
+        hidden_size, inter, heads, kv_heads, dim, scale = self.shape
+        keys, values = kv_cache.key_caches[0], kv_cache.value_caches[0]
+        if not (_step_fits(meta, cos, sin, dim) and hidden.dim() == 2
+                and hidden.shape[0] == cos.shape[0] <= self.max_rows and _is_cpu_fp32(hidden)
+                and keys.dtype == values.dtype and keys.dtype in (torch.float32, torch.bfloat16)
+                and all(c.is_contiguous() for c in (keys, values))):
+            return None
+        self._bind(kv_cache)
+        x = hidden.clone()
+        slots = meta.decode_kv_slots
+        status = self.function(
+            self.entries, len(self.layers), hidden_size, inter, heads, kv_heads, dim, scale,
+            int(keys.dtype == torch.bfloat16), x.data_ptr(), x.shape[0], cos.data_ptr(),
+            sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
+            meta.decode_lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)
+        if status:
+            raise RuntimeError(f"q4_decoder_stack failed ({status})")
+        return x

@@ -174,9 +174,9 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.sliding_window = traits.sliding_window
         self.layer_is_sliding = traits.layer_is_sliding
         self.attn_backend = get_backend("torch")
-        self.packed_stack = None
-        """Optional PackedStack (models/packed_stack.py): all layers in one native call
-        on the steps it takes."""
+        self.layer_stacks: list = []
+        """Whole-stack native paths (fast_decode.FastDecodeStack, packed_stack.PackedStack):
+        each runs every layer in one call on the steps it takes, else returns None."""
 
     @property
     def num_kv_heads(self) -> int:
@@ -192,11 +192,11 @@ class LlamaFamilyForCausalLM(nn.Module):
         see DecoderLayer.forward."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
-        if self.packed_stack is not None and layer_step is None \
-                and self.attn_backend.name == "torch":
-            out = self.packed_stack(hidden, cos, sin, kv_cache, meta)
-            if out is not None:
-                return self.norm(out)
+        if layer_step is None and self.attn_backend.name == "torch":
+            for stack in self.layer_stacks:
+                out = stack(hidden, cos, sin, kv_cache, meta)
+                if out is not None:
+                    return self.norm(out)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step)
         return self.norm(hidden)

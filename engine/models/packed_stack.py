@@ -132,10 +132,3 @@ class PackedStack:
             raise RuntimeError(f"bf16_decoder_stack failed ({status})")
         return x
 
-
-def use_packed_stack(model: nn.Module, kernels) -> bool:
-    """Give the model a PackedStack (its forward tries it first) when it qualifies."""
-    if not hasattr(model, "packed_stack"):
-        return False
-    model.packed_stack = PackedStack.build(model, kernels)
-    return model.packed_stack is not None

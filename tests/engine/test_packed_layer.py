@@ -48,7 +48,7 @@ def run_both_ways(model, batch: ScheduledBatch):
     inputs = runner._inputs(batch)
     layers = list(module.layers)
     installed = [layer.fast_steps for layer in layers]
-    stack, module.packed_stack = module.packed_stack, None     # (test_packed_stack.py)
+    stacks, module.layer_stacks = module.layer_stacks, []     # (test_packed_stack.py)
     served = []
     results = []
     try:
@@ -62,7 +62,7 @@ def run_both_ways(model, batch: ScheduledBatch):
                 hidden = module(inputs.input_ids, inputs.positions, runner.cache, inputs.meta)
             results.append((hidden, [cache.clone() for cache in caches]))
     finally:
-        module.packed_stack = stack
+        module.layer_stacks = stacks
         for layer, packed in zip(layers, installed):
             layer.fast_steps = packed
     return results, sum(out is not None for out in served)

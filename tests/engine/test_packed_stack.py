@@ -1,8 +1,9 @@
-"""The packed stack (engine/models/packed_stack.py, decoder_stack.c) computes exactly
-what the packed layers' loop computes, bit for bit: final hidden states and cache
-contents, for decode steps and steps with prefill chunks, over a bf16 and an fp32
-cache; steps outside its range (the block kernels' few rows, prefills past the
-native GEMM's rows) are left to the loop."""
+"""The whole-stack paths compute exactly what the layer loop computes, bit for bit:
+final hidden states and cache contents. PackedStack (packed_stack.py,
+decoder_stack.c) against the packed layers, for decode steps and steps with prefill
+chunks, over a bf16 and an fp32 cache; FastDecodeStack (fast_decode.py,
+decode_layer.c) against the fast decode layers, in bf16-weights and float32. Steps
+outside a stack's range are left to the next path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 from engine import load_model
 from engine.kv_cache.sizing import CacheSizing
-from engine.models.block_weights import BF16_KERNEL_ROWS
+from engine.models.block_weights import BF16_KERNEL_ROWS, MAX_KERNEL_ROWS
+from engine.models.fast_decode import FastDecodeStack
 from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
 from engine.runner import ModelRunner
@@ -19,9 +21,10 @@ from engine.runner import ModelRunner
 from tests.engine.test_packed_layer import NUM_BLOCKS, PAGE, _batch
 
 
-def run_stack_and_loop(model, batch, cache_dtype=None):
-    """Final hidden states and caches through the stack, then through the layer loop,
-    from the same random cache contents; and whether the stack served the step."""
+def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
+    """Final hidden states and caches with only the model's `stack_type` stack, then
+    with none (the layer loop), from the same random cache contents; returns whether
+    they are identical and whether the stack served the step."""
     module = model.module
     saved_dtype = getattr(module, "kv_cache_dtype", None)
     if cache_dtype is not None:
@@ -34,18 +37,20 @@ def run_stack_and_loop(model, batch, cache_dtype=None):
         cache.copy_(torch.randn(cache.shape, generator=generator))
     start = [cache.clone() for cache in caches]
     inputs = runner._inputs(batch)
-    stack, served, results = module.packed_stack, [], []
+    stacks = module.layer_stacks
+    stack = next(s for s in stacks if isinstance(s, stack_type))
+    served, results = [], []
     try:
         for use_stack in (True, False):
-            module.packed_stack = (lambda *args: served.append(stack(*args)) or served[-1]) \
-                if use_stack else None
+            module.layer_stacks = [lambda *args: served.append(stack(*args)) or served[-1]] \
+                if use_stack else []
             for cache, initial in zip(caches, start):
                 cache.copy_(initial)
             with torch.inference_mode():
                 hidden = module(inputs.input_ids, inputs.positions, runner.cache, inputs.meta)
             results.append((hidden, [cache.clone() for cache in caches]))
     finally:
-        module.packed_stack = stack
+        module.layer_stacks = stacks
     (stacked, stacked_caches), (looped, looped_caches) = results
     identical = torch.equal(stacked, looped) and all(
         torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
@@ -57,24 +62,45 @@ def default_bf16():
     return load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
 
 
-def test_the_default_model_has_a_stack(default_bf16):
-    assert isinstance(default_bf16.module.packed_stack, PackedStack)
+def decodes(model, count: int):
+    return _batch(model.config.vocab_size, [(30 + i, 31 + i) for i in range(count)])
+
+
+def test_the_default_model_has_both_stacks(default_bf16):
+    assert [type(s) for s in default_bf16.module.layer_stacks] == [FastDecodeStack, PackedStack]
 
 
 @pytest.mark.parametrize("cache_dtype", [None, torch.float32])
-def test_decode_and_mixed_steps_are_bit_identical(default_bf16, cache_dtype):
-    vocab = default_bf16.config.vocab_size
-    decodes = _batch(vocab, [(30 + i, 31 + i) for i in range(12)])
-    mixed = _batch(vocab, [(0, 40), (20, 52), (60, 61), (70, 71)])   # chunks and decodes
-    for batch in (decodes, mixed):
-        identical, served = run_stack_and_loop(default_bf16, batch, cache_dtype)
+def test_packed_stack_decode_and_mixed_steps_are_bit_identical(default_bf16, cache_dtype):
+    mixed = _batch(default_bf16.config.vocab_size, [(0, 40), (20, 52), (60, 61), (70, 71)])
+    for batch in (decodes(default_bf16, 12), mixed):
+        identical, served = run_stack_and_loop(default_bf16, PackedStack, batch, cache_dtype)
         assert served and identical
 
 
-def test_steps_outside_its_range_go_to_the_loop(default_bf16):
-    vocab = default_bf16.config.vocab_size
-    small = _batch(vocab, [(30 + i, 31 + i) for i in range(BF16_KERNEL_ROWS)])
-    large = _batch(vocab, [(0, NATIVE_BF16_MAX_ROWS // 2 + 8), (0, NATIVE_BF16_MAX_ROWS // 2)])
-    for batch in (small, large):
-        identical, served = run_stack_and_loop(default_bf16, batch)
+def test_packed_stack_leaves_other_steps_to_the_loop(default_bf16):
+    large = _batch(default_bf16.config.vocab_size,
+                   [(0, NATIVE_BF16_MAX_ROWS // 2 + 8), (0, NATIVE_BF16_MAX_ROWS // 2)])
+    for batch in (decodes(default_bf16, BF16_KERNEL_ROWS), large):
+        identical, served = run_stack_and_loop(default_bf16, PackedStack, batch)
         assert identical and not served
+
+
+def test_fast_decode_stack_is_bit_identical(default_bf16):
+    for rows in range(1, BF16_KERNEL_ROWS + 1):
+        identical, served = run_stack_and_loop(default_bf16, FastDecodeStack,
+                                               decodes(default_bf16, rows))
+        assert served and identical
+    for batch in (decodes(default_bf16, BF16_KERNEL_ROWS + 1),
+                  _batch(default_bf16.config.vocab_size, [(0, 5)])):     # a prefill
+        identical, served = run_stack_and_loop(default_bf16, FastDecodeStack, batch)
+        assert identical and not served
+
+
+def test_fast_decode_stack_in_float32():
+    model = load_model("smollm2-135m-instruct", progress=False)
+    assert [type(s) for s in model.module.layer_stacks] == [FastDecodeStack]
+    for rows, cache_dtype in ((1, None), (MAX_KERNEL_ROWS, torch.bfloat16)):
+        identical, served = run_stack_and_loop(model, FastDecodeStack, decodes(model, rows),
+                                               cache_dtype)
+        assert served and identical
