@@ -41,8 +41,10 @@ def bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
-def require_api_key(request: Request) -> None:
-    """FastAPI dependency of every route: raise 401 unless the caller may pass."""
+async def require_api_key(request: Request) -> None:
+    """FastAPI dependency of every route: raise 401 unless the caller may pass.
+    (async: FastAPI runs a plain function dependency on a worker thread, a thread
+    hop per request for a few comparisons.)"""
     settings = request.app.state.serving.settings
     if settings.api_key is None or request.url.path in settings.open_paths:
         return

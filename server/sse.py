@@ -54,6 +54,9 @@ def sse_response(events: AsyncIterator[dict[str, str]], on_close: Callable[[], N
 
     On server shutdown sse-starlette would cut every stream at once; with a grace
     period of `drain_s` a stream in flight may finish first (see lifecycle.py)."""
+    async def close() -> None:      # on the event loop: a plain function would get a thread
+        on_close()
+
     return EventSourceResponse(_guarded(events), ping=PING_INTERVAL_S, sep="\n",
-                               background=BackgroundTask(on_close),
+                               background=BackgroundTask(close),
                                shutdown_grace_period=drain_s)
