@@ -9,7 +9,9 @@ B) from prefill and HTTP, and shows each step against this machine's limits meas
 in the same run (bench/bounds.py): the time to read the step's weight bytes at the
 copy bandwidth (the bound of small steps) and its matmul GFLOP/s against torch's
 at 64 rows in the dtype large steps multiply in (the bound of large ones). Run it twice, with KVSERVE_NATIVE_KERNELS=0 the second
-time, to compare the native kernels with torch's ops side by side.
+time, to compare the native kernels with torch's ops side by side; `--compare-loop`
+times each step a second time through the per-layer loop, without the whole-stack
+native calls (models/packed_stack.py, fast_decode.py).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     parser.add_argument("--context", default="100", help="comma-separated context lengths")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--compare-loop", action="store_true",
+                        help="also time each step through the per-layer loop, without the "
+                             "model's whole-stack native calls (loop_step_ms)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     model = load_model(args.model, dtype=args.dtype, progress=False,
@@ -102,14 +107,28 @@ def main(argv=None) -> dict:
             seconds = time_steps(model, batch, context, args.repeats)
             rows.append(step_row(model.module, batch, context, seconds, limits, matmul_rate))
             row = rows[-1]
+            loop = f"  loop {time_loop(model, batch, context, args.repeats, row):8.2f} ms" \
+                if args.compare_loop else ""
             print(f"batch {batch:4d}  context {context:6d}  step {seconds * 1e3:8.2f} ms  "
                   f"{batch / seconds:8.1f} tok/s  weights {row['weight_mb']:7.1f} MB "
                   f"({row['bandwidth_fraction']:.0%} of bandwidth)  {row['matmul_gflops']:6.1f} "
-                  f"GFLOP/s ({row['matmul_fraction']:.0%} of {dense} matmul)")
+                  f"GFLOP/s ({row['matmul_fraction']:.0%} of {dense} matmul){loop}")
     report = {"model": args.model, "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
               "native_kernels": native, "machine": limits, "steps": rows}
     write_json(args.json, report)
     return report
+
+
+def time_loop(model, batch: int, context: int, repeats: int, row: dict) -> float:
+    """The same step through the layer loop (the model's `layer_stacks` set aside),
+    right after the stack's: `row["loop_step_ms"]`, returned too."""
+    stacks = getattr(model.module, "layer_stacks", [])
+    model.module.layer_stacks = []
+    try:
+        row["loop_step_ms"] = round(time_steps(model, batch, context, repeats) * 1e3, 2)
+    finally:
+        model.module.layer_stacks = stacks
+    return row["loop_step_ms"]
 
 
 def step_row(module, batch: int, context: int, seconds: float, limits: dict,

@@ -23,6 +23,23 @@ def test_step_benchmark_reports_each_combination(tiny_models, tmp_path):
         assert 0 < row["matmul_fraction"] < 5
 
 
+def test_compare_loop_times_the_layer_loop_beside_the_stacks(tiny_models, tmp_path):
+    from bench.step import time_loop
+    from engine import load_model
+
+    path, _ = tiny_models["qwen3"]
+    report_path = tmp_path / "step.json"
+    main(["--model", str(path), "--batch", "1,3", "--context", "5", "--repeats", "2",
+          "--compare-loop", "--json", str(report_path)])
+    rows = json.loads(report_path.read_text())["steps"]
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["loop_step_ms"] > 0 for r in rows)
+    model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
+    stacks, row = model.module.layer_stacks, {}
+    assert len(stacks) == 2
+    assert time_loop(model, 8, 20, 2, row) == row["loop_step_ms"] > 0
+    assert model.module.layer_stacks is stacks            # put back for the next step
+
+
 def test_weight_bytes_follow_the_path_a_step_takes():
     """The default model's 1-row step reads the GGUF blocks (~5 and ~9 bits per
     weight), a 64-row step the packed fp32 weights: about 4-6x the bytes."""
