@@ -34,18 +34,39 @@ def _batch(vocab: int, shapes: list[tuple[int, int]]) -> ScheduledBatch:
     return ScheduledBatch(entries, [])
 
 
+class StepRuns:
+    """One step's inputs on a fresh runner whose caches restart from the same random
+    contents on every `run`: the final hidden states and the caches after it."""
+
+    def __init__(self, model, batch: ScheduledBatch, seed: int = 1, cache_dtype=None) -> None:
+        self.module = module = model.module
+        saved_dtype = getattr(module, "kv_cache_dtype", None)
+        if cache_dtype is not None:
+            module.kv_cache_dtype = cache_dtype
+        self.runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
+        module.kv_cache_dtype = saved_dtype
+        generator = torch.Generator().manual_seed(seed)
+        self.caches = self.runner.cache.key_caches + self.runner.cache.value_caches
+        for cache in self.caches:
+            cache.copy_(torch.randn(cache.shape, generator=generator))
+        self.start = [cache.clone() for cache in self.caches]
+        self.inputs = self.runner._inputs(batch)
+
+    def run(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for cache, initial in zip(self.caches, self.start):
+            cache.copy_(initial)
+        inputs = self.inputs
+        with torch.inference_mode():
+            hidden = self.module(inputs.input_ids, inputs.positions, self.runner.cache,
+                                 inputs.meta)
+        return hidden, [cache.clone() for cache in self.caches]
+
+
 def run_both_ways(model, batch: ScheduledBatch):
     """The step's final hidden states and caches through the packed layers, then
     through the modules, from the same random cache contents; and how many layer
     calls the packed path served."""
-    module = model.module
-    runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
-    generator = torch.Generator().manual_seed(1)
-    caches = runner.cache.key_caches + runner.cache.value_caches
-    for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=generator))
-    start = [cache.clone() for cache in caches]
-    inputs = runner._inputs(batch)
+    module, runs = model.module, StepRuns(model, batch)
     layers = list(module.layers)
     installed = [layer.fast_steps for layer in layers]
     stacks, module.layer_stacks = module.layer_stacks, []     # (test_packed_stack.py)
@@ -56,11 +77,7 @@ def run_both_ways(model, batch: ScheduledBatch):
             for layer, packed in zip(layers, installed):
                 layer.fast_steps = None if not use_packed else (
                     lambda *args, packed=packed: served.append(packed(*args)) or served[-1])
-            for cache, initial in zip(caches, start):
-                cache.copy_(initial)
-            with torch.inference_mode():
-                hidden = module(inputs.input_ids, inputs.positions, runner.cache, inputs.meta)
-            results.append((hidden, [cache.clone() for cache in caches]))
+            results.append(runs.run())
     finally:
         module.layer_stacks = stacks
         for layer, packed in zip(layers, installed):

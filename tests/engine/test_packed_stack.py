@@ -11,32 +11,19 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.kv_cache.sizing import CacheSizing
 from engine.models.block_weights import BF16_KERNEL_ROWS, MAX_KERNEL_ROWS
 from engine.models.fast_decode import FastDecodeStack
 from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
-from engine.runner import ModelRunner
 
-from tests.engine.test_packed_layer import NUM_BLOCKS, PAGE, _batch
+from tests.engine.test_packed_layer import StepRuns, _batch
 
 
 def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
     """Final hidden states and caches with only the model's `stack_type` stack, then
     with none (the layer loop), from the same random cache contents; returns whether
     they are identical and whether the stack served the step."""
-    module = model.module
-    saved_dtype = getattr(module, "kv_cache_dtype", None)
-    if cache_dtype is not None:
-        module.kv_cache_dtype = cache_dtype
-    runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
-    module.kv_cache_dtype = saved_dtype
-    generator = torch.Generator().manual_seed(2)
-    caches = runner.cache.key_caches + runner.cache.value_caches
-    for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=generator))
-    start = [cache.clone() for cache in caches]
-    inputs = runner._inputs(batch)
+    module, runs = model.module, StepRuns(model, batch, seed=2, cache_dtype=cache_dtype)
     stacks = module.layer_stacks
     stack = next(s for s in stacks if isinstance(s, stack_type))
     served, results = [], []
@@ -44,11 +31,7 @@ def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
         for use_stack in (True, False):
             module.layer_stacks = [lambda *args: served.append(stack(*args)) or served[-1]] \
                 if use_stack else []
-            for cache, initial in zip(caches, start):
-                cache.copy_(initial)
-            with torch.inference_mode():
-                hidden = module(inputs.input_ids, inputs.positions, runner.cache, inputs.meta)
-            results.append((hidden, [cache.clone() for cache in caches]))
+            results.append(runs.run())
     finally:
         module.layer_stacks = stacks
     (stacked, stacked_caches), (looped, looped_caches) = results
