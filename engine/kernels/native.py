@@ -12,53 +12,37 @@ import torch
 from ..cpu_threads import openmp_entry_points
 
 
+_ARGUMENT_TYPES = {"p": ctypes.c_void_p, "s": ctypes.c_int64, "i": ctypes.c_int,
+                   "f": ctypes.c_float, "l": ctypes.c_longlong}
+
+SIGNATURES = {
+    # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
+    "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
+    "q4_attention_block": "psspfppppppppippssssfppppi", "q4_mlp_block": "psspfpppsppppi",
+    "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppippspsssssfpi",
+    "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
+    "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
+    "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsi",
+    "set_openmp_runtime": "ppp", "use_openmp_helpers": "i",
+    "bf16_decoder_stack": "psppspppppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
+}
+
+
 class NativeKernels:
     """ctypes front of the compiled library; every method takes and returns torch
     tensors on the CPU and checks what the C code relies on."""
 
     def __init__(self, library: ctypes.CDLL, num_threads: int) -> None:
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        library.q4_gemm.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
-                                    pointer, ctypes.c_int]
-        library.q8_gemm.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
-                                    ctypes.c_int]
-        library.set_helper_spin_ns.argtypes = [ctypes.c_longlong]
-        library.q4_attention_block.argtypes = [
-            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, pointer,
-            pointer, pointer, pointer, pointer, ctypes.c_int, pointer, pointer, size, size,
-            size, size, ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int]
-        library.q4_mlp_block.argtypes = [
-            pointer, size, size, pointer, ctypes.c_float, pointer, pointer, pointer, size,
-            pointer, pointer, pointer, pointer, ctypes.c_int]
-        library.q4_gated_mlp.argtypes = [pointer, size, size, pointer, pointer, pointer, size,
-                                         pointer, pointer, pointer, size, pointer, ctypes.c_int]
-        self._per_thread = threading.local()
-        """torch_threaded and num_threads of the calling engine thread (engines on
-        other threads choose for themselves)."""
-        library.paged_decode_attention.argtypes = [
-            pointer, size, pointer, pointer, ctypes.c_int, pointer, pointer, size, pointer,
-            size, size, size, size, size, ctypes.c_float, pointer, ctypes.c_int]
+        for name, signature in SIGNATURES.items():
+            getattr(library, name).argtypes = [_ARGUMENT_TYPES[c] for c in signature]
+        library.use_openmp_helpers.restype = ctypes.c_int
         self._library = library
         self._q4, self._q8 = library.q4_gemm, library.q8_gemm
         self.max_threads = num_threads
-        library.silu_mul.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
-        library.rms_norm.argtypes = [pointer, size, size, pointer, ctypes.c_float, pointer,
-                                     ctypes.c_int, ctypes.c_int]
-        library.rope_store.argtypes = [pointer, size, size, size, size, pointer, pointer,
-                                       pointer, pointer, pointer, size, ctypes.c_int,
-                                       ctypes.c_int]
-        library.argmax_rows.argtypes = [pointer, size, size, pointer, ctypes.c_int]
-        library.attention_vectors_apply.argtypes = [size]
-        library.rescore_head.argtypes = [pointer, pointer, pointer, size, size, size, size,
-                                         pointer, ctypes.c_int]
-        library.bf16_gemm.argtypes = [pointer, size, pointer, size, size, size, pointer, size,
-                                      ctypes.c_int, size, ctypes.c_int]
-        library.bf16_gated_gemm.argtypes = [pointer, size, pointer, size, size, size, pointer,
-                                            size, ctypes.c_int]
+        self._per_thread = threading.local()
+        """torch_threaded and num_threads of the calling engine thread (engines on
+        other threads choose for themselves)."""
         self.has_bf16_gemm = bool(library.bf16_gemm_available())
-        library.set_openmp_runtime.argtypes = [pointer, pointer, pointer]
-        library.use_openmp_helpers.argtypes = [ctypes.c_int]
-        library.use_openmp_helpers.restype = ctypes.c_int
         entry_points = openmp_entry_points()
         if entry_points is not None:
             library.set_openmp_runtime(*entry_points)

@@ -114,10 +114,6 @@ class FastDecodeStack:
     def __init__(self, layers: list[FastDecodeLayer], kernels) -> None:
         self.layers, self.kernels = layers, kernels
         self.function = kernels.library.q4_decoder_stack
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self.function.argtypes = [pointer, size, size, size, size, size, size, ctypes.c_float,
-                                  ctypes.c_int, pointer, size, pointer, pointer, pointer,
-                                  pointer, pointer, size, ctypes.c_int]
         self.entries = (_Q4Layer * len(layers))(*(self._entry(layer) for layer in layers))
         attn = layers[0].attn
         self.max_rows = min(layer.attn.qkv_proj.max_rows for layer in layers)

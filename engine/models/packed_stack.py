@@ -71,9 +71,6 @@ class PackedStack:
         first = layers[0]
         attn = first.attn
         self.kernels, self.function = kernels, kernels.library.bf16_decoder_stack
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self.function.argtypes = [pointer, size, pointer, pointer, size, pointer, pointer,
-                                  pointer, pointer, pointer, size, pointer, size, ctypes.c_int]
         self.block_rows = max(layer.block_rows for layer in layers)
         self.layers = (_Layer * len(layers))(*(
             _Layer(layer.first.weight.data_ptr(), layer.second.weight.data_ptr(),
