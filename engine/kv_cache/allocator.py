@@ -31,6 +31,7 @@ class BlockAllocator:
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._ref_counts = [0] * num_blocks
+        self._times_allocated = [0] * num_blocks
         self._hash_of_block: dict[int, bytes] = {}
         self._block_of_hash: dict[bytes, int] = {}
         self.num_evictions = 0
@@ -65,8 +66,26 @@ class BlockAllocator:
                 del self._block_of_hash[self._hash_of_block.pop(block_id)]
                 self.num_evictions += 1
             self._ref_counts[block_id] = 1
+            self._times_allocated[block_id] += 1
             block_ids.append(block_id)
         return block_ids
+
+    def times_allocated(self, block_id: int) -> int:
+        """How often `allocate` has handed the block out: while it has not changed,
+        a free block still holds what its last holder wrote (partial_prefix.py)."""
+        return self._times_allocated[block_id]
+
+    def is_free(self, block_id: int) -> bool:
+        """Held by nobody and not cached: on the free list."""
+        return self._ref_counts[block_id] == 0 and block_id not in self._hash_of_block
+
+    def take_free(self, block_id: int) -> None:
+        """Hold a block of the free list (refcount 1) without counting an allocation:
+        its contents stay what they were; `free` puts it back."""
+        if not self.is_free(block_id):
+            raise ValueError(f"block {block_id} is not free")
+        self._free.remove(block_id)
+        self._ref_counts[block_id] = 1
 
     def share(self, block_ids: Iterable[int]) -> None:
         """Add one holder to each block; a cached unheld block is taken back."""

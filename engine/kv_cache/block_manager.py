@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .allocator import BlockAllocator
 from .block_hash import extend_block_hashes
-from .partial_prefix import PartialPrefix, find_partial_prefix
+from .partial_prefix import PartialPrefix, RetainedPage, RetainedPages, find_partial_prefix
 from ..requests import RequestState
 
 
@@ -44,6 +44,7 @@ class BlockManager:
         """(source block, target block, slots) of this step's partial-page prefixes."""
         self.pinned_blocks: list[int] = []
         """Source blocks of `prefix_copies`, held until the next step begins."""
+        self.retained_pages = RetainedPages()
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
         self.num_swapped_out = 0
@@ -88,7 +89,9 @@ class BlockManager:
             request.sliding_block_ids = []
 
     def drop(self, request: RequestState) -> None:
-        """The request is gone: free its device blocks and any offloaded copy."""
+        """The request is gone: free its device blocks and any offloaded copy. Its
+        partial page is remembered while its block stays untouched (partial_prefix.py)."""
+        self._retain_partial_page(request)
         self.release(request)
         if request.offloaded_slots:
             self.offload_allocator.free(request.offloaded_slots)
@@ -115,6 +118,13 @@ class BlockManager:
         if self.sliding_allocator is not None:   # (its pages would need copies too)
             return None
         partial = find_partial_prefix(request, running, self.page_size)
+        retained = self.retained_pages.find(
+            request, request.block_hashes[len(cached) - 1] if cached else None,
+            self.allocator, self.page_size)
+        if retained is not None and retained.num_tokens > (partial.num_tokens if partial else 0):
+            self.allocator.take_free(retained.source_block)      # held until the next step
+            self.pinned_blocks.append(retained.source_block)
+            partial = retained
         if partial is not None:
             request.num_computed_tokens += partial.num_tokens
             request.num_cached_tokens = request.num_computed_tokens
@@ -124,9 +134,22 @@ class BlockManager:
         """The admitted request's page gets the shared slots before the next forward
         pass; the source block stays held until then."""
         target = request.block_ids[(request.num_computed_tokens - 1) // self.page_size]
-        self.allocator.share([partial.source_block])
-        self.pinned_blocks.append(partial.source_block)
+        if not partial.retained:           # (a retained page was taken when found)
+            self.allocator.share([partial.source_block])
+            self.pinned_blocks.append(partial.source_block)
         self.prefix_copies.append((partial.source_block, target, partial.num_tokens))
+
+    def _retain_partial_page(self, request: RequestState) -> None:
+        computed, size = request.num_computed_tokens, self.page_size
+        page = computed // size
+        if (not self.allocator.enable_caching or self.sliding_allocator is not None
+                or computed % size == 0 or page >= len(request.block_ids)):
+            return
+        extend_block_hashes(request.block_hashes, request.tokens_between(0, page * size), size)
+        block = request.block_ids[page]
+        self.retained_pages.add(RetainedPage(
+            block, request.block_hashes[page - 1] if page else None,
+            request.tokens_between(page * size, computed), self.allocator.times_allocated(block)))
 
     def count_prefix_lookup(self, request: RequestState) -> None:
         """Once a request is admitted: its tokens were looked up, `num_cached_tokens`

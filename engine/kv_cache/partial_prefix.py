@@ -18,10 +18,17 @@ Only slots computed by earlier steps are copied (a source's `num_computed_tokens
 moves after its step ran), and the source block is pinned by the block manager until
 the next step has copied it, so neither a preemption nor a finished source can hand
 the block to someone else first.
+
+The source may also be a request that has ended (`RetainedPages`): its partial page
+goes back to the free list with its contents, and stays a source for as long as
+nobody has been given that block since (the allocator counts how often it handed each
+block out). A chat that follows another with the same system prompt, or the next turn
+of a short conversation, then starts from the previous request's page.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -31,8 +38,60 @@ from ..requests import RequestState
 @dataclass(frozen=True)
 class PartialPrefix:
     source_block: int
-    """The running request's block whose first `num_tokens` slots are copied."""
+    """The block whose first `num_tokens` slots are copied."""
     num_tokens: int
+    retained: bool = False
+    """A freed block of RetainedPages (taken off the free list by the block manager),
+    not a running request's."""
+
+
+@dataclass(frozen=True)
+class RetainedPage:
+    block_id: int
+    parent: bytes | None
+    """Hash of the full blocks before the page (block_hash.py); None for a first page."""
+    tokens: list[int]
+    """The tokens whose K/V the page's first slots hold."""
+    times_allocated: int
+    """The allocator's count for the block when its request ended."""
+
+
+class RetainedPages:
+    """The partial pages of requests that ended, at most `capacity` (oldest dropped).
+    Pure bookkeeping: the blocks stay on the allocator's free list."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self.pages: OrderedDict[int, RetainedPage] = OrderedDict()
+
+    def add(self, page: RetainedPage) -> None:
+        self.pages.pop(page.block_id, None)
+        self.pages[page.block_id] = page
+        if len(self.pages) > self.capacity:
+            self.pages.popitem(last=False)
+
+    def find(self, request: RequestState, parent: bytes | None, allocator,
+             page_size: int) -> PartialPrefix | None:
+        """The page sharing the most tokens with `request`'s next page (it starts at
+        `request.num_computed_tokens`, after full blocks hashed `parent`), among those
+        whose blocks are still free and untouched; pages that are not are forgotten."""
+        start = request.num_computed_tokens
+        limit = min(page_size, request.num_tokens - 1 - start)
+        if limit <= 0 or start % page_size:
+            return None
+        tokens = request.tokens_between(start, start + limit)
+        best: PartialPrefix | None = None
+        for page in list(self.pages.values()):
+            if not allocator.is_free(page.block_id) \
+                    or allocator.times_allocated(page.block_id) != page.times_allocated:
+                del self.pages[page.block_id]
+                continue
+            if page.parent != parent or page.tokens[0] != tokens[0]:
+                continue
+            shared = _common_length(tokens, page.tokens, 0, min(limit, len(page.tokens)))
+            if shared > (best.num_tokens if best else 0):
+                best = PartialPrefix(page.block_id, shared, retained=True)
+        return best
 
 
 def _common_length(tokens: list[int], other: list[int], start: int, limit: int) -> int:

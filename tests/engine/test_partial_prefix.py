@@ -71,6 +71,43 @@ def test_scheduler_copies_pins_and_unpins():
     assert scheduler.allocator.ref_count(source_block) == 0
 
 
+def finish(scheduler, state):
+    scheduler.add(state)
+    while state.status.name != "FINISHED":
+        run_step(scheduler)
+
+
+def test_a_finished_requests_page_is_copied_while_its_block_is_untouched():
+    scheduler = Scheduler(BlockAllocator(4, enable_caching=True), 16, 64, 8, 0.0, "fifo")
+    first = request("a", list(range(3, 13)))                  # 10 tokens, 4 generated
+    finish(scheduler, first)
+    page = next(iter(scheduler.blocks.retained_pages.pages.values()))
+    assert page.tokens == first.all_tokens()[:13]            # what its slots hold
+    second = request("b", first.all_tokens()[:12] + [90, 91])    # the next turn
+    scheduler.add(second)
+    batch = run_step(scheduler)
+    assert batch.prefix_copies == [(page.block_id, second.block_ids[0], 12)]
+    assert scheduler.allocator.ref_count(page.block_id) == 1        # taken off the free list
+    run_step(scheduler)
+    assert scheduler.allocator.is_free(page.block_id)               # and back on it
+
+
+def test_a_block_given_out_again_is_no_source():
+    scheduler = Scheduler(BlockAllocator(2, enable_caching=True), 16, 64, 8, 0.0, "fifo")
+    first = request("a", list(range(3, 13)))
+    finish(scheduler, first)
+    block = next(iter(scheduler.blocks.retained_pages.pages))
+    scheduler.add(request("x", [70, 71, 72]))
+    scheduler.schedule()                  # `x` is given the freed block first...
+    scheduler.remove("x")                 # ...and cancelled: the block is free again
+    assert scheduler.allocator.is_free(block) and scheduler.allocator.times_allocated(block) == 2
+    second = request("b", first.all_tokens()[:12] + [90])
+    scheduler.add(second)
+    batch = run_step(scheduler)
+    assert batch.prefix_copies == [] and batch.entries[0].start == 0
+    assert not scheduler.blocks.retained_pages.pages                # forgotten
+
+
 def test_copy_slots_copies_the_first_slots_of_each_pair_in_every_layer():
     cache = PagedKVCache(2, 4, 8, 2, 3, torch.float32, torch.device("cpu"))
     for layer in cache.key_caches + cache.value_caches:
@@ -82,6 +119,28 @@ def test_copy_slots_copies_the_first_slots_of_each_pair_in_every_layer():
         expected[3, :5] = old[1, :5]
         expected[0, :2] = old[2, :2]
         assert torch.equal(new, expected)
+
+
+def test_the_next_turn_of_a_chat_gives_transformers_tokens(tiny_llama):
+    from engine import ContinuousBatchingConfig, GenerationConfig
+
+    model, reference = tiny_llama
+    prompt = random_prompts(1, 20, 20, seed=23)[0]
+    manager = model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=5, eos_token_id=[]),
+        ContinuousBatchingConfig(page_size=64, num_blocks=8))
+    manager.start()
+    try:
+        first = [r for r in manager.request_id_iter(manager.add_request(prompt))][-1]
+        follow_up = prompt + first.generated_tokens + [17, 18, 19]
+        second = [r for r in manager.request_id_iter(manager.add_request(follow_up))][-1]
+        assert first.generated_tokens == reference_greedy(reference, prompt, 5)
+        assert second.generated_tokens == reference_greedy(reference, follow_up, 5)
+        assert manager.stats()["prefix_cache_hits"] == 24   # 20 + 4 computed generated
+    finally:
+        manager.stop()
+        manager.check_invariants()
+        manager.destroy()
 
 
 @pytest.mark.parametrize("scheduler_type", ["fifo", "prefill_first"])

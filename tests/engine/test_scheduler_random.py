@@ -69,12 +69,24 @@ def test_random_workload_finishes_without_leaks(policy, seed):
     shared_prefix = [rng.randrange(3, 50) for _ in range(16)]
     live, cancelled, finished = {}, set(), {}
     shadow = ShadowCache()
-    for index in range(40):
-        request = random_request(rng, index, shared_prefix)
+
+    def add(request: RequestState) -> None:
         if request.max_total_tokens <= 12 * 4:               # the add-time length check
             live[request.request_id] = request
             scheduler.add(request)
-    for _ in range(2000):
+
+    for index in range(30):
+        add(random_request(rng, index, shared_prefix))
+    for step in range(3000):
+        if step % 9 == 0 and step < 900:     # later arrivals: some continue a finished
+            index = 30 + step // 9           # request (the next turn of a conversation)
+            earlier = rng.choice(sorted(finished)) if finished and rng.random() < 0.5 else None
+            request = random_request(rng, index, shared_prefix)
+            if earlier is not None:
+                request.prompt_ids = finished[earlier].all_tokens() + request.prompt_ids[-2:]
+                request.max_new_tokens = min(request.max_new_tokens,
+                                             max(1, 12 * 4 - len(request.prompt_ids)))
+            add(request)
         if rng.random() < 0.03 and live:
             victim = rng.choice(sorted(live))
             scheduler.remove(victim)
@@ -82,7 +94,9 @@ def test_random_workload_finishes_without_leaks(policy, seed):
         batch = scheduler.schedule()
         if batch is None:
             assert not scheduler.has_work()
-            break
+            if step >= 900:
+                break
+            continue                         # idle until the next arrival
         assert batch.num_tokens <= scheduler.max_batch_tokens
         assert len(batch.entries) <= scheduler.max_requests_per_batch
         shadow.run(batch)
