@@ -237,18 +237,22 @@ class _StepBuilder:
             blocks.restore(request)
             blocks.grow(request, start + num_tokens)
             return num_tokens
-        partial = blocks.take_cached_prefix(request, sched.running)
-        start = request.num_computed_tokens
-        num_tokens = min(request.num_tokens - start, self.budget - self.reserved)
-        needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
-        if not self._room_for(needed) or not blocks.grow(request, start + num_tokens):
+        for use_retained in (True, False):
+            partial = blocks.take_cached_prefix(request, sched.running, use_retained)
+            start = request.num_computed_tokens
+            num_tokens = min(request.num_tokens - start, self.budget - self.reserved)
+            needed = blocks_needed(start + num_tokens, sched.page_size) - len(request.block_ids)
+            if self._room_for(needed) and blocks.grow(request, start + num_tokens):
+                if partial is not None:
+                    blocks.copy_partial_prefix(request, partial)
+                blocks.count_prefix_lookup(request)
+                return num_tokens
             blocks.release(request)          # give the cached prefix back
+            blocks.give_back(partial)
             request.num_computed_tokens = request.num_cached_tokens = 0
-            return None
-        if partial is not None:
-            blocks.copy_partial_prefix(request, partial)
-        blocks.count_prefix_lookup(request)
-        return num_tokens
+            if partial is None or not partial.retained:
+                return None                  # (the retained page held a block: retry)
+        return None
 
     def _room_for(self, num_blocks: int) -> bool:
         """Enough free blocks, keeping `safety_margin` of the cache free while other

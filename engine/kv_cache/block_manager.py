@@ -98,13 +98,15 @@ class BlockManager:
             request.offloaded_slots, request.offloaded_tokens = [], 0
 
     # -- prefix caching --------------------------------------------------------------
-    def take_cached_prefix(self, request: RequestState,
-                           running: list[RequestState] = ()) -> PartialPrefix | None:
+    def take_cached_prefix(self, request: RequestState, running: list[RequestState] = (),
+                           use_retained: bool = True) -> PartialPrefix | None:
         """On admission, reuse every cached full block of the request's tokens, but
         always leave at least one token to compute (its logits give the next token).
-        Then look in `running` for the start of the next page (partial_prefix.py): its
-        tokens count as computed too; the caller passes the returned PartialPrefix to
-        `copy_partial_prefix` once the request has its blocks."""
+        Then look in `running` (and, with `use_retained`, among the pages of ended
+        requests) for the start of the next page (partial_prefix.py): its tokens count
+        as computed too; the caller passes the returned PartialPrefix to
+        `copy_partial_prefix` once the request has its blocks, or to `give_back` when
+        it does not get them."""
         if not self.allocator.enable_caching:
             return None
         tokens = request.all_tokens()
@@ -118,7 +120,7 @@ class BlockManager:
         if self.sliding_allocator is not None:   # (its pages would need copies too)
             return None
         partial = find_partial_prefix(request, running, self.page_size)
-        retained = self.retained_pages.find(
+        retained = None if not use_retained else self.retained_pages.find(
             request, request.block_hashes[len(cached) - 1] if cached else None,
             self.allocator, self.page_size)
         if retained is not None and retained.num_tokens > (partial.num_tokens if partial else 0):
@@ -134,10 +136,22 @@ class BlockManager:
         """The admitted request's page gets the shared slots before the next forward
         pass; the source block stays held until then."""
         target = request.block_ids[(request.num_computed_tokens - 1) // self.page_size]
-        if not partial.retained:           # (a retained page was taken when found)
-            self.allocator.share([partial.source_block])
-            self.pinned_blocks.append(partial.source_block)
-        self.prefix_copies.append((partial.source_block, target, partial.num_tokens))
+        source = partial.source_block
+        for earlier_source, earlier_target, _ in self.prefix_copies:
+            if earlier_target == source:   # a source admitted this step, its slots
+                source = earlier_source    # still to be copied: read where they come from
+                break                      # (pinned already; never a target itself)
+        else:
+            if not partial.retained:       # (a retained page was taken when found)
+                self.allocator.share([source])
+                self.pinned_blocks.append(source)
+        self.prefix_copies.append((source, target, partial.num_tokens))
+
+    def give_back(self, partial: PartialPrefix | None) -> None:
+        """The request was not admitted: a retained page taken for it is free again."""
+        if partial is not None and partial.retained:
+            self.pinned_blocks.remove(partial.source_block)
+            self.allocator.free([partial.source_block])
 
     def _retain_partial_page(self, request: RequestState) -> None:
         computed, size = request.num_computed_tokens, self.page_size

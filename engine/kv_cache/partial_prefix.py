@@ -14,10 +14,13 @@ tokens agree on positions 0..30 (system prompt and "<|im_start|>user\\n"), so B'
 shared prefix is PartialPrefix(source_block=7, num_tokens=31): slots 7*256 + 0..30 are
 copied to 3*256 + 0..30 and B computes positions 31..99 only.
 
-Only slots computed by earlier steps are copied (a source's `num_computed_tokens`
-moves after its step ran), and the source block is pinned by the block manager until
-the next step has copied it, so neither a preemption nor a finished source can hand
-the block to someone else first.
+A source's `num_computed_tokens` counts its slots once they are scheduled: computed
+by earlier steps, or copied in this step's copies when the source was itself admitted
+in this step. The copies of one step are read before any is written, so a copy from
+such a source reads the block its own copy comes from instead (BlockManager.
+copy_partial_prefix). The source block is pinned by the block manager until the next
+step has copied it, so neither a preemption nor a finished source can hand the block
+to someone else first.
 
 The source may also be a request that has ended (`RetainedPages`): its partial page
 goes back to the free list with its contents, and stays a source for as long as
@@ -82,27 +85,24 @@ class RetainedPages:
         tokens = request.tokens_between(start, start + limit)
         best: PartialPrefix | None = None
         for page in list(self.pages.values()):
-            if not allocator.is_free(page.block_id) \
-                    or allocator.times_allocated(page.block_id) != page.times_allocated:
-                del self.pages[page.block_id]
+            if allocator.times_allocated(page.block_id) != page.times_allocated:
+                del self.pages[page.block_id]       # given out since: overwritten
                 continue
-            if page.parent != parent or page.tokens[0] != tokens[0]:
+            if (not allocator.is_free(page.block_id)    # (taken for a copy this step)
+                    or page.parent != parent or page.tokens[0] != tokens[0]):
                 continue
-            shared = _common_length(tokens, page.tokens, 0, min(limit, len(page.tokens)))
+            shared = _common_length(tokens, page.tokens, min(limit, len(page.tokens)))
             if shared > (best.num_tokens if best else 0):
                 best = PartialPrefix(page.block_id, shared, retained=True)
         return best
 
 
-def _common_length(tokens: list[int], other: list[int], start: int, limit: int) -> int:
-    """How many positions from `start` on (at most `limit`) hold equal tokens in both,
-    given that positions before `start` must agree too (0 if they do not)."""
-    if other[:start] != tokens[:start]:
-        return 0
+def _common_length(tokens: list[int], other: list[int], limit: int) -> int:
+    """How many leading positions (at most `limit`) hold equal tokens in both."""
     low, high = 0, limit                    # tokens agree on low positions, not past high
     while low < high:
         middle = (low + high + 1) // 2
-        if other[start:start + middle] == tokens[start:start + middle]:
+        if other[:middle] == tokens[:middle]:
             low = middle
         else:
             high = middle - 1
@@ -122,18 +122,20 @@ def find_partial_prefix(request: RequestState, sources: Iterable[RequestState],
     limit = min(page_size, request.num_tokens - 1 - start)
     if limit <= 0:
         return None
-    first_token = request.tokens_between(start, start + 1)[0]
-    tokens: list[int] | None = None
+    parent = request.block_hashes[page - 1] if page else None
+    tokens = request.tokens_between(start, start + limit)
     best: PartialPrefix | None = None
     for source in sources:
         computed = min(source.num_computed_tokens - start, limit)
         if (source is request or computed <= (best.num_tokens if best else 0)
-                or source.tokens_between(start, start + 1)[0] != first_token):
+                or source.tokens_between(start, start + 1)[0] != tokens[0]):
             continue
-        if tokens is None:
-            tokens = request.tokens_between(0, start + limit)
-        shared = _common_length(tokens, source.tokens_between(0, start + computed),
-                                start, computed)
+        # the positions before the page agree when the full blocks' hashes do (both
+        # requests have them: their full blocks are computed, so registered)
+        if page and (len(source.block_hashes) < page or source.block_hashes[page - 1] != parent):
+            continue
+        shared = _common_length(tokens, source.tokens_between(start, start + computed),
+                                computed)
         if shared > (best.num_tokens if best else 0):
             best = PartialPrefix(source.block_ids[page], shared)
     return best

@@ -24,6 +24,7 @@ one native call (decode_layer.c's q4_decoder_stack, the same halves in a C loop)
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 from torch import nn
@@ -119,7 +120,9 @@ class FastDecodeStack:
         self.max_rows = min(layer.attn.qkv_proj.max_rows for layer in layers)
         self.shape = (attn.o_proj.codes.shape[0], layers[0].mlp.gate_up_proj.codes.shape[0] // 2,
                       attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
-        self.bound_cache = None
+        self.bound = weakref.WeakKeyDictionary()
+        """cache -> entries pointing at that cache (one array per cache: engines with
+        caches of their own never share what a call reads)."""
 
     @staticmethod
     def _entry(layer: FastDecodeLayer) -> _Q4Layer:
@@ -138,12 +141,15 @@ class FastDecodeStack:
             return None
         return FastDecodeStack(layers, kernels)
 
-    def _bind(self, kv_cache) -> None:
-        if self.bound_cache is not kv_cache:
-            for entry, layer in zip(self.entries, self.layers):
+    def _bind(self, kv_cache):
+        entries = self.bound.get(kv_cache)
+        if entries is None:
+            entries = (_Q4Layer * len(self.layers))(*self.entries)       # copies
+            for entry, layer in zip(entries, self.layers):
                 entry.keys = kv_cache.key_caches[layer.layer_idx].data_ptr()
                 entry.values = kv_cache.value_caches[layer.layer_idx].data_ptr()
-            self.bound_cache = kv_cache
+            self.bound[kv_cache] = entries
+        return entries
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv_cache, meta) -> torch.Tensor | None:
@@ -156,11 +162,11 @@ class FastDecodeStack:
                 and keys.dtype == values.dtype and keys.dtype in (torch.float32, torch.bfloat16)
                 and all(c.is_contiguous() for c in (keys, values))):
             return None
-        self._bind(kv_cache)
+        entries = self._bind(kv_cache)
         x = hidden.clone()
         slots = meta.decode_kv_slots
         status = self.function(
-            self.entries, len(self.layers), hidden_size, inter, heads, kv_heads, dim, scale,
+            entries, len(self.layers), hidden_size, inter, heads, kv_heads, dim, scale,
             int(keys.dtype == torch.bfloat16), x.data_ptr(), x.shape[0], cos.data_ptr(),
             sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
             meta.decode_lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)

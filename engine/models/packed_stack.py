@@ -22,6 +22,7 @@ Otherwise it returns None and the layer loop runs.
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 from torch import nn
@@ -81,7 +82,9 @@ class PackedStack:
         self.shape = _Shape(first.layer.input_layernorm.weight.shape[0], attn.num_heads,
                             attn.num_kv_heads, attn.head_dim, first.gate_up.gated_inter, 0,
                             attn.scale, 0)
-        self.bound_cache = None
+        self.bound = weakref.WeakKeyDictionary()
+        """cache -> (layers, shape) pointing at that cache: one pair per cache, so
+        engines with caches of their own never share the structures a call reads."""
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "PackedStack | None":
@@ -92,18 +95,20 @@ class PackedStack:
             return None
         return PackedStack(layers, kernels)
 
-    def _bind(self, kv_cache) -> None:
-        """Point every layer at its cache tensors (once per cache)."""
-        if self.bound_cache is kv_cache:
-            return
-        for entry, layer in zip(self.layers, self.packed_layers):
-            index = layer.attn.layer_idx
-            entry.keys = kv_cache.key_caches[index].data_ptr()
-            entry.values = kv_cache.value_caches[index].data_ptr()
-        keys = kv_cache.key_caches[0]
-        self.shape.num_slots = keys.shape[0] * keys.shape[1]
-        self.shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
-        self.bound_cache = kv_cache
+    def _bind(self, kv_cache) -> tuple:
+        """The layers and shape pointing at `kv_cache`'s tensors (built once per cache)."""
+        found = self.bound.get(kv_cache)
+        if found is None:
+            layers = (_Layer * len(self.layers))(*self.layers)           # copies
+            for entry, layer in zip(layers, self.packed_layers):
+                entry.keys = kv_cache.key_caches[layer.attn.layer_idx].data_ptr()
+                entry.values = kv_cache.value_caches[layer.attn.layer_idx].data_ptr()
+            keys = kv_cache.key_caches[0]
+            shape = _Shape.from_buffer_copy(self.shape)
+            shape.num_slots = keys.shape[0] * keys.shape[1]
+            shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
+            self.bound[kv_cache] = found = (layers, shape)
+        return found
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv_cache, meta) -> torch.Tensor | None:
@@ -118,10 +123,10 @@ class PackedStack:
         if contexts is None or not step_fits(meta, cos, sin, key_cache, value_cache):
             return None
         slots, lengths, slot_rows = contexts
-        self._bind(kv_cache)
+        layers, shape = self._bind(kv_cache)
         x = hidden.contiguous().clone()
         status = self.function(
-            self.layers, len(self.packed_layers), ctypes.byref(self.shape), x.data_ptr(), rows,
+            layers, len(self.packed_layers), ctypes.byref(shape), x.data_ptr(), rows,
             cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
             None if slot_rows is None else slot_rows.data_ptr(), slots.shape[0],
             lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)

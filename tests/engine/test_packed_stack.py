@@ -87,3 +87,16 @@ def test_fast_decode_stack_in_float32():
         identical, served = run_stack_and_loop(model, FastDecodeStack, decodes(model, rows),
                                                cache_dtype)
         assert served and identical
+
+
+def test_each_cache_keeps_its_own_pointers(default_bf16):
+    """Two runners (two caches) alternating on one model: each step writes and reads
+    its own cache, as if it ran alone."""
+    first = StepRuns(default_bf16, decodes(default_bf16, 8), seed=3)
+    alone = first.run()
+    second = StepRuns(default_bf16, decodes(default_bf16, 8), seed=4)
+    second_result = second.run()
+    again = first.run()
+    assert torch.equal(alone[0], again[0])
+    assert all(torch.equal(a, b) for a, b in zip(alone[1], again[1]))
+    assert not torch.equal(alone[0], second_result[0])

@@ -7,6 +7,7 @@ import torch
 
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
+from engine.kv_cache.block_hash import extend_block_hashes
 from engine.kv_cache.paged_cache import PagedKVCache, copy_slots
 from engine.kv_cache.partial_prefix import PartialPrefix, find_partial_prefix
 from engine.requests import RequestState
@@ -17,9 +18,12 @@ from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
 
 def request(request_id: str, prompt: list[int], computed: int = 0,
-            block_ids: list[int] = ()) -> RequestState:
+            block_ids: list[int] = (), page_size: int | None = None) -> RequestState:
+    """With `page_size`: with its full blocks' hashes, as admission leaves them."""
     state = RequestState(request_id, list(prompt), 4, (), SamplingParams())
     state.num_computed_tokens, state.block_ids = computed, list(block_ids)
+    if page_size is not None:
+        extend_block_hashes(state.block_hashes, state.prompt_ids, page_size)
     return state
 
 
@@ -41,12 +45,12 @@ def test_the_longest_computed_run_wins_and_one_token_is_left():
 
 def test_only_the_page_after_the_cached_blocks_is_looked_at():
     prefix = list(range(3, 11))                              # two full pages of 4
-    source = request("a", prefix + [20, 21, 22], computed=11, block_ids=[1, 2, 3])
-    new = request("b", prefix + [20, 21, 30, 31])
+    source = request("a", prefix + [20, 21, 22], computed=11, block_ids=[1, 2, 3], page_size=4)
+    new = request("b", prefix + [20, 21, 30, 31], page_size=4)
     new.num_computed_tokens = 8                              # the cached full pages
     assert find_partial_prefix(new, [source], 4) == PartialPrefix(3, 2)
-    other_start = request("c", [99] + prefix[1:] + [20, 21, 30])
-    other_start.num_computed_tokens = 8       # (never happens: a full-page hit means equal)
+    other_start = request("c", [99] + prefix[1:] + [20, 21, 30], page_size=4)
+    other_start.num_computed_tokens = 8       # other full pages before: other hashes
     assert find_partial_prefix(other_start, [source], 4) is None
 
 
@@ -106,6 +110,33 @@ def test_a_block_given_out_again_is_no_source():
     batch = run_step(scheduler)
     assert batch.prefix_copies == [] and batch.entries[0].start == 0
     assert not scheduler.blocks.retained_pages.pages                # forgotten
+
+
+def test_two_chats_after_one_copy_from_its_page_not_from_each_other():
+    scheduler = Scheduler(BlockAllocator(8, enable_caching=True), 16, 64, 8, 0.0, "fifo")
+    first = request("a", list(range(3, 13)))
+    finish(scheduler, first)
+    block = next(iter(scheduler.blocks.retained_pages.pages))
+    second, third = (request(n, list(range(3, 13)) + [t]) for n, t in (("b", 50), ("c", 60)))
+    scheduler.add(second)
+    scheduler.add(third)
+    batch = run_step(scheduler)
+    # `c` would pick `b` (its 10 tokens count as computed): it reads `b`'s source
+    assert batch.prefix_copies == [(block, second.block_ids[0], 10),
+                                   (block, third.block_ids[0], 10)]
+    run_step(scheduler)
+    assert scheduler.allocator.is_free(block)
+
+
+def test_a_retained_page_never_keeps_a_request_out():
+    scheduler = Scheduler(BlockAllocator(4, enable_caching=True), 16, 64, 8, 0.0, "fifo")
+    first = request("a", list(range(3, 13)))
+    finish(scheduler, first)
+    # needs all 4 blocks: with the retained page held there would be 3
+    large = request("b", list(range(3, 13)) + list(range(100, 150)))
+    scheduler.add(large)
+    batch = run_step(scheduler)
+    assert [e.request for e in batch.entries] == [large] and batch.prefix_copies == []
 
 
 def test_copy_slots_copies_the_first_slots_of_each_pair_in_every_layer():

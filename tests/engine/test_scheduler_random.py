@@ -41,6 +41,8 @@ class ShadowCache:
                     for offset in range(PAGE):
                         if a * PAGE + offset in source:
                             target[b * PAGE + offset] = source[a * PAGE + offset]
+        sources = {source for source, _, _ in batch.prefix_copies}
+        assert sources.isdisjoint(target for _, target, _ in batch.prefix_copies)
         for source_block, target_block, count in batch.prefix_copies:
             for offset in range(count):
                 token = self.device[source_block * PAGE + offset]
