@@ -1,5 +1,6 @@
 /* Every decoder layer of a Llama-style model with bf16 weights packed in pairs, for
- * one step of up to ~128 rows, in one native call (models/packed_stack.py).
+ * one step (decode rows, short prefill chunks, any row count), in one native call
+ * (models/packed_stack.py).
  *
  * The Python layer loop costs two things on steps of this size: its own time (~12
  * calls per layer, each with its checks and tensor allocations, while the kernels'

@@ -1,21 +1,29 @@
 """PackedStack: every decoder layer of a CPU step in one native call.
 
-Steps of 3..128 rows on bf16 weights (bf16-weights, GGUF) otherwise run the layer
+Steps of 3 rows or more on bf16 weights (bf16-weights, GGUF) otherwise run the layer
 loop of packed_layer.py: ~12 kernel calls per layer from Python. That loop's own time,
 while the kernels' helper threads spin, was ~15% of a 32-request decode step; and in a
 server every return from a kernel waits for the interpreter lock while the event
 loop holds it (~360 returns per step of the default model's 30 layers): a thread
 busy 8% of the time with Python work slowed a 32-request step by 5-7 ms, a process
 equally busy by 2.5-3.5 ms (docs/benchmarks.md). decoder_stack.c runs the same
-kernels in the same order for every layer in one call, so the output is bit-identical
-to the loop's (tests/engine/test_packed_stack.py).
+kernels in the same order for every layer in one call: up to NATIVE_BF16_MAX_ROWS
+rows the output is bit-identical to the loop's (tests/engine/test_packed_stack.py).
+
+Past that the loop multiplies on oneDNN (bf16 products, rounded before the fp32
+residual stream; the activation a separate pass), while the stack keeps the native
+GEMM at any row count: its fp32 sums go to the residual stream as they are and the
+gated GEMM writes the activation, so a large prefill is computed more closely to
+fp32 and faster: 32 chunks of 67 tokens after a shared 31-token prefix (the c=32
+server benchmark's wave), 1,300 -> 1,240 ms (docs/benchmarks.md). It then equals the
+loop run with the native GEMM at every size, bit for bit.
 
 It applies when every layer is on the packed-layer path with bf16 weights packed in
 pairs (qkv, o, gate/up in the gated layout, down) and the AVX512-BF16 GEMM is built;
 per step, when the loop would take the native paths throughout: rows past the block
-kernels' and within the native GEMM's (NATIVE_BF16_MAX_ROWS), fp32 hidden states, the
-cache layout packed_layer.step_fits accepts, and the native attention's contexts
-(decode-only steps: one row per request; steps with prefill chunks: a row per query).
+kernels', fp32 hidden states, the cache layout packed_layer.step_fits accepts, and
+the native attention's contexts (decode-only steps: one row per request; steps with
+prefill chunks: a row per query, for chunks short enough, batch.STEP_QUERY_MAX_PAIRS).
 Otherwise it returns None and the layer loop runs.
 """
 
@@ -28,7 +36,6 @@ import torch
 from torch import nn
 
 from .packed_layer import PackedLayer, step_fits
-from .packed_linear import NATIVE_BF16_MAX_ROWS
 
 
 class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
@@ -114,7 +121,7 @@ class PackedStack:
                  kv_cache, meta) -> torch.Tensor | None:
         """The last layer's output [T, hidden], or None when this step is not for it."""
         rows = hidden.shape[0]
-        if not (self.block_rows < rows <= NATIVE_BF16_MAX_ROWS and hidden.dim() == 2
+        if not (self.block_rows < rows and hidden.dim() == 2
                 and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
                 and not meta.decode_fast_path and not torch.compiler.is_compiling()):
             return None

@@ -13,6 +13,7 @@ import torch
 from engine import load_model
 from engine.models.block_weights import BF16_KERNEL_ROWS, MAX_KERNEL_ROWS
 from engine.models.fast_decode import FastDecodeStack
+from engine.models import packed_linear
 from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
 
@@ -61,12 +62,23 @@ def test_packed_stack_decode_and_mixed_steps_are_bit_identical(default_bf16, cac
         assert served and identical
 
 
-def test_packed_stack_leaves_other_steps_to_the_loop(default_bf16):
-    large = _batch(default_bf16.config.vocab_size,
-                   [(0, NATIVE_BF16_MAX_ROWS // 2 + 8), (0, NATIVE_BF16_MAX_ROWS // 2)])
-    for batch in (decodes(default_bf16, BF16_KERNEL_ROWS), large):
-        identical, served = run_stack_and_loop(default_bf16, PackedStack, batch)
-        assert identical and not served
+def test_packed_stack_leaves_block_kernel_steps_to_the_loop(default_bf16):
+    identical, served = run_stack_and_loop(default_bf16, PackedStack,
+                                           decodes(default_bf16, BF16_KERNEL_ROWS))
+    assert identical and not served
+
+
+def test_packed_stack_keeps_the_native_gemm_past_its_row_limit(default_bf16, monkeypatch):
+    """Past NATIVE_BF16_MAX_ROWS the loop multiplies on oneDNN and the stack stays on
+    the native GEMM: it then equals the loop whose products are all native."""
+    vocab = default_bf16.config.vocab_size
+    large = _batch(vocab, [(0, NATIVE_BF16_MAX_ROWS // 2 + 8), (20, 20 + NATIVE_BF16_MAX_ROWS // 2),
+                           (50, 51)])
+    identical, served = run_stack_and_loop(default_bf16, PackedStack, large)
+    assert served and not identical          # the loop's oneDNN products round differently
+    monkeypatch.setattr(packed_linear, "NATIVE_BF16_MAX_ROWS", 1 << 20)
+    identical, served = run_stack_and_loop(default_bf16, PackedStack, large)
+    assert served and identical
 
 
 def test_fast_decode_stack_is_bit_identical(default_bf16):
