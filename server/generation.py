@@ -106,6 +106,25 @@ class GenerationRun:
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.perf_counter()
 
+    def _limits(self):
+        return [(at, error) for at, error in
+                ((self.deadline, lambda: RequestTimedOut(self.state.settings.request_timeout_s)),
+                 (self.state.engine.drain_deadline, ServerShuttingDown)) if at is not None]
+
+    def check(self) -> None:
+        """Raise RequestTimedOut once the request's deadline has passed,
+        ServerShuttingDown once a shutdown's drain deadline has (the earlier first);
+        its streams call it as they wait (async_engine.StreamLimits)."""
+        passed = [(at, error) for at, error in self._limits() if time.perf_counter() >= at]
+        if passed:
+            raise min(passed, key=lambda limit: limit[0])[1]()
+
+    def seconds_to_check(self) -> float:
+        """Until the next deadline, and at most DRAIN_POLL_S, so that a drain that
+        starts meanwhile is noticed."""
+        now = time.perf_counter()
+        return min([DRAIN_POLL_S] + [at - now for at, _ in self._limits()])
+
     def on_delta(self, index: int, delta: ChoiceDelta) -> None:
         if self.state.settings.log_prompts and delta.text:
             self.record.add_output_text(index, delta.text)
@@ -180,24 +199,35 @@ async def _choice_deltas(choice: Choice) -> AsyncIterator[ChoiceDelta]:
 
 async def merge_deltas(choices: list[Choice],
                        run: GenerationRun) -> AsyncIterator[tuple[int, ChoiceDelta]]:
-    """All choices' deltas as they come. Leaving the loop early (error, timeout,
-    disconnect, consumer stops) cancels the pumps and every unfinished engine request."""
-    queue: asyncio.Queue[tuple[int, ChoiceDelta | None, BaseException | None]] = asyncio.Queue()
-
-    async def pump(choice: Choice) -> None:
-        try:
-            async for delta in _choice_deltas(choice):
-                queue.put_nowait((choice.index, delta, None))
-            queue.put_nowait((choice.index, None, None))
-        except Exception as exc:  # handed to the consumer, re-raised there
-            queue.put_nowait((choice.index, None, exc))
-
-    tasks = [asyncio.create_task(pump(choice)) for choice in choices]
+    """All choices' deltas as they come. One choice is read right here; several are
+    pumped by a task each into one queue. The run's deadlines end the streams as they
+    wait (RequestStream.limits). Leaving the loop early (error, timeout, disconnect,
+    consumer stops) cancels the pumps and every unfinished engine request."""
+    for choice in choices:
+        choice.stream.limits = run
     failure: BaseException | None = None
+    tasks: list[asyncio.Task] = []
     try:
+        if len(choices) == 1:
+            async for delta in _choice_deltas(choices[0]):
+                run.on_delta(choices[0].index, delta)
+                yield choices[0].index, delta
+            return
+        queue: asyncio.Queue[tuple[int, ChoiceDelta | None, BaseException | None]] = \
+            asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                async for delta in _choice_deltas(choice):
+                    queue.put_nowait((choice.index, delta, None))
+                queue.put_nowait((choice.index, None, None))
+            except Exception as exc:  # handed to the consumer, re-raised there
+                queue.put_nowait((choice.index, None, exc))
+
+        tasks = [asyncio.create_task(pump(choice)) for choice in choices]
         remaining = len(tasks)
         while remaining:
-            index, delta, error = await _next_item(queue, run)
+            index, delta, error = await queue.get()
             if error is not None:
                 raise error
             if delta is None:
@@ -217,28 +247,6 @@ async def merge_deltas(choices: list[Choice],
 
 DRAIN_POLL_S = 0.25
 """How often a waiting request looks whether a shutdown has set a drain deadline."""
-
-
-async def _next_item(queue: asyncio.Queue, run: GenerationRun):
-    """The next queued item; RequestTimedOut once the run's deadline has passed,
-    ServerShuttingDown once a shutdown's drain deadline has. Waits at most
-    DRAIN_POLL_S at a time, so a drain that starts meanwhile is noticed."""
-    while True:
-        limits = [(run.deadline, lambda: RequestTimedOut(run.state.settings.request_timeout_s)),
-                  (run.state.engine.drain_deadline, ServerShuttingDown)]
-        limits = sorted(((at, error) for at, error in limits if at is not None),
-                        key=lambda limit: limit[0])
-        now = time.perf_counter()
-        if limits and now >= limits[0][0]:
-            raise limits[0][1]()
-        if not queue.empty():
-            return queue.get_nowait()
-        wait = min([DRAIN_POLL_S] + [at - now for at, _ in limits])
-        try:
-            async with asyncio.timeout(wait):      # no task per wait, unlike wait_for
-                return await queue.get()
-        except TimeoutError:
-            continue                               # the top raises once a limit has passed
 
 
 async def wait_for_disconnect(request: Request) -> None:

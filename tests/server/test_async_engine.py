@@ -104,3 +104,40 @@ def test_ready_after_warmup_until_drain(engine):
     with pytest.raises(OpenAIError) as info:
         asyncio.run(scenario())
     assert (info.value.status_code, info.value.code) == (503, "server_shutting_down")
+
+
+class _Deadline:
+    """StreamLimits that raise once `after_s` has passed, counting their checks."""
+
+    def __init__(self, after_s: float) -> None:
+        self.at = time.perf_counter() + after_s
+        self.checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        if time.perf_counter() >= self.at:
+            raise OpenAIError("past the deadline", status_code=504, code="request_timeout")
+
+    def seconds_to_check(self) -> float:
+        return max(0.0, self.at - time.perf_counter())
+
+
+def test_a_waiting_stream_ends_when_its_limits_say_so(engine):
+    """A stream waiting for output checks its limits on a tick timed by them (here
+    at once), not only once per LIVENESS_POLL_S, and their error ends the wait."""
+    async def scenario():
+        stream = engine.submit("waits", [5, 6, 7], max_new_tokens=100, streaming=False,
+                               eos_token_id=[], sampling=GREEDY)
+        stream.limits = limits = _Deadline(0.0)
+        started = time.perf_counter()
+        try:
+            await stream.__anext__()
+        except OpenAIError as error:
+            return error, limits.checks, time.perf_counter() - started
+        finally:
+            stream.cancel()
+        return None, limits.checks, time.perf_counter() - started
+
+    error, checks, waited = asyncio.run(scenario())
+    assert error is not None and error.status_code == 504
+    assert checks == 1 and waited < 0.5
