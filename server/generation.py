@@ -13,8 +13,8 @@ the SSE writer and the non-streaming collector consume:
 A request that outlives `request_timeout_s` (counted from its arrival) ends with
 RequestTimedOut: a 504 before the response starts, an in-band error in a stream.
 
-A client that goes away mid-request must not leave work running: SSE responses are
-cancelled by sse-starlette when the client disconnects; non-streaming ones race the
+A client that goes away mid-request must not leave work running: an SSE response
+(sse.py) cancels its stream when the client disconnects; non-streaming ones race the
 work against `wait_for_disconnect`.
 """
 

@@ -9,11 +9,11 @@
       -> lifespan shutdown stops the engine and frees the KV cache
       -> the process exits with status 0
 
-Two library defaults are changed for this. sse-starlette ends every open stream the
-moment uvicorn sees a signal; each stream is given `shutdown_grace_period =
-drain_timeout_s` instead (sse.py). And uvicorn, once it has shut down, re-raises the
-signal it caught so that the default action (death by SIGTERM) runs; we install
-handlers that make that re-raise a no-op, so a clean drain ends with status 0.
+Streams are not cut by the signal (sse.py's responses know nothing of it): the drain
+deadline ends whatever is still running, in-band. One library default is changed:
+uvicorn, once it has shut down, re-raises the signal it caught so that the default
+action (death by SIGTERM) runs; we install handlers that make that re-raise a no-op,
+so a clean drain ends with status 0.
 """
 
 from __future__ import annotations

@@ -46,8 +46,7 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     choices = submit_choices(state, header["id"], [prompt_ids], plan)
     if plan.stream:
         return sse_response(_stream(state, run, choices, plan, header, len(prompt_ids)),
-                            on_close=lambda: cancel_all(choices),
-                            drain_s=state.settings.drain_timeout_s)
+                            on_close=lambda: cancel_all(choices))
     try:
         result = await run_until_disconnect(
             request, _collect(state, run, choices, plan, header, len(prompt_ids)))

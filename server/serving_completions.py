@@ -53,8 +53,7 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     choices = submit_choices(state, header["id"], prompts, plan)
     job = _CompletionJob(state, run, choices, plan, header, echoes, prompt_tokens)
     if plan.stream:
-        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
-                            drain_s=state.settings.drain_timeout_s)
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
     try:
         return JSONResponse(await run_until_disconnect(request, job.collect()))
     except ClientDisconnected:

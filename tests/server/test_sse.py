@@ -1,0 +1,63 @@
+"""EventStreamResponse over the ASGI interface: events in order as `data:` lines, pings
+while the stream is idle, the end of the body, and a client's disconnect cancelling
+the stream (its cleanup runs, `on_close` once)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from server.sse import DONE, PING, EventStreamResponse, event
+
+
+def _run(response, disconnect_after_s: float | None = None) -> list[dict]:
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if disconnect_after_s is None:
+            await asyncio.Event().wait()        # the client never leaves
+        await asyncio.sleep(disconnect_after_s)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(asyncio.wait_for(response({"type": "http"}, receive, send), 10))
+    return sent
+
+
+def test_events_pings_and_the_end_of_the_body():
+    closed = []
+
+    async def events():
+        yield event({"n": 1})
+        await asyncio.sleep(0.25)               # idle: pings go out meanwhile
+        yield DONE
+
+    sent = _run(EventStreamResponse(events(), lambda: closed.append(True),
+                                    ping_interval_s=0.05))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"].startswith(b"text/event-stream")
+    assert b"content-length" not in headers
+    bodies = [m["body"] for m in sent[1:]]
+    assert bodies[0] == b'data: {"n":1}\n\n'
+    assert bodies[-2:] == [b"data: [DONE]\n\n", b""] and not sent[-1]["more_body"]
+    assert 2 <= bodies.count(PING) <= 6 and set(bodies[1:-2]) == {PING}
+    assert closed == [True]
+
+
+def test_a_disconnect_cancels_the_stream():
+    closed, cleaned = [], []
+
+    async def events():
+        try:
+            yield event({"n": 1})
+            await asyncio.Event().wait()        # would wait forever for the next token
+            yield DONE
+        finally:
+            cleaned.append(True)
+
+    sent = _run(EventStreamResponse(events(), lambda: closed.append(True)),
+                disconnect_after_s=0.1)
+    assert [m.get("body") for m in sent[1:]] == [b'data: {"n":1}\n\n']
+    assert cleaned == [True] and closed == [True]
