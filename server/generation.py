@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from fastapi import Request
+from starlette.types import Receive
 
 from engine.outputs import GenerationOutput
 
@@ -102,9 +103,6 @@ class GenerationRun:
     record: RequestRecord
     deadline: float | None
     """perf_counter time past which the request is cancelled; None = no limit."""
-
-    def remaining_s(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.perf_counter()
 
     def _limits(self):
         return [(at, error) for at, error in
@@ -249,11 +247,12 @@ DRAIN_POLL_S = 0.25
 """How often a waiting request looks whether a shutdown has set a drain deadline."""
 
 
-async def wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(receive: Receive) -> None:
     """Return once the client has closed the connection (the body is already read,
-    so the only message left to receive is the disconnect)."""
+    so the only message left to receive is the disconnect). `receive`: the ASGI
+    callable (a Request's `receive`)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
 
@@ -261,7 +260,7 @@ async def wait_for_disconnect(request: Request) -> None:
 async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, but cancel it (raising ClientDisconnected) if the client leaves."""
     work_task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -10,7 +10,8 @@ in-band as an event whose data is OpenAI's error object (the OpenAI SDK raises i
 
 EventStreamResponse is a plain ASGI response: each event goes out as one body message,
 with no per-event wrapper around `send` (sse-starlette, used before, opened a cancel
-scope per event: ~15% of the event loop's CPU per streamed token at concurrency 32).
+scope per event; without it the event loop's CPU per c=32 run went 0.94-1.03 ->
+0.68-0.71 s, docs/benchmarks.md).
 Per response it runs two helper tasks: one waits for the client's disconnect, which
 cancels the stream (the generator's cleanup cancels the engine requests), and one
 sends a comment line every PING_INTERVAL_S, so proxies keep an idle stream open (a
@@ -30,6 +31,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .errors import OpenAIError
+from .generation import wait_for_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +74,12 @@ class EventStreamResponse(StreamingResponse):
     def __init__(self, events: AsyncIterator[dict[str, str]], on_close: Callable[[], None],
                  ping_interval_s: float = PING_INTERVAL_S) -> None:
         super().__init__(events, headers=HEADERS, media_type="text/event-stream")
-        self._events = events
         self._on_close = on_close
         self._ping_interval_s = ping_interval_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streamer = asyncio.create_task(self._send_events(send))
-        watcher = asyncio.create_task(_wait_for_disconnect(receive))
+        watcher = asyncio.create_task(wait_for_disconnect(receive))
         try:
             await asyncio.wait({streamer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -96,7 +97,7 @@ class EventStreamResponse(StreamingResponse):
                     "headers": self.raw_headers})
         pinger = asyncio.create_task(self._ping(send))
         try:
-            async with contextlib.aclosing(self._events) as events:
+            async with contextlib.aclosing(self.body_iterator) as events:
                 async for item in events:
                     await send({"type": "http.response.body", "body": encode(item),
                                 "more_body": True})
@@ -109,14 +110,6 @@ class EventStreamResponse(StreamingResponse):
         while True:
             await asyncio.sleep(self._ping_interval_s)
             await send({"type": "http.response.body", "body": PING, "more_body": True})
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    """Return once the client has closed the connection (the body is already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def sse_response(events: AsyncIterator[dict[str, str]],
