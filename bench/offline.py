@@ -33,7 +33,13 @@ def make_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -
     return [[rng.randrange(100, vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
-def run_kvserve(model, prompts, output_len: int, cb_config: dict) -> tuple[float, int]:
+ENGINE_STATS = ("decode_fast_path", "num_decode_graphs", "num_graph_steps",
+                "num_compiled_steps", "async_batching", "num_lookahead_steps", "num_steps")
+"""What the timed run's engine did: the paths that served it (graphs, compiled steps)."""
+
+
+def run_kvserve(model, prompts, output_len: int, cb_config: dict
+                ) -> tuple[float, int, dict[str, int]]:
     generation = GenerationConfig(max_new_tokens=output_len, eos_token_id=[])
     config = ContinuousBatchingConfig(**cb_config)
     compiling = any(cb_config.get(k) for k in ("default_compile_level", "varlen_compile_config"))
@@ -44,9 +50,13 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict) -> tuple[float
     started = time.perf_counter()
     # the process is warm: no dummy prefill inside the timing (CUDA graphs, where there
     # are any, are recorded on the first step of each batch size, inside it)
-    outputs = model.generate_batch(prompts, generation, config, warmup=False)
+    outputs = model.generate_batch(prompts, generation, config, warmup=False,
+                                   persistent_manager=True)
     seconds = time.perf_counter() - started
-    return seconds, sum(len(o.generated_tokens) for o in outputs.values())
+    manager = model._cached_manager
+    stats = {k: v for k, v in manager.stats().items() if k in ENGINE_STATS}
+    manager.destroy()
+    return seconds, sum(len(o.generated_tokens) for o in outputs.values()), stats
 
 
 def load_reference(spec: str, dtype: torch.dtype, device: torch.device):
@@ -139,7 +149,8 @@ def main(argv=None) -> dict:
     limits = (measure(model.config.hidden_size, model.config.intermediate_size)
               if model.device.type == "cpu" else
               {"accelerator": torch.cuda.get_device_name(model.device)})   # the CPU's are moot
-    runs = {"kvserve": run_kvserve(model, prompts, args.output_len, cb_config)}
+    *ours, engine_stats = run_kvserve(model, prompts, args.output_len, cb_config)
+    runs = {"kvserve": tuple(ours)}
     if peers:
         reference = load_reference(args.model, model.dtype, model.device)
         if "transformers-cb" in peers:
@@ -148,6 +159,7 @@ def main(argv=None) -> dict:
             runs["transformers-static"] = run_transformers_static(
                 reference, prompts, args.output_len, args.static_batch)
     report = build_report(args, runs, limits)
+    report["engine"] = engine_stats
     print_report(report)
     write_json(args.json, report)
     if args.plot:
@@ -181,6 +193,8 @@ def print_report(report: dict) -> None:
     for name, r in report["results"].items():
         print(f"{name:<22}{r['seconds']:>10}{r['output_tokens']:>10}"
               f"{r['output_tokens_per_s']:>10}{r['kvserve_speedup']:>11}")
+    if "engine" in report:
+        print("kvserve engine:", json.dumps(report["engine"]))
 
 
 if __name__ == "__main__":

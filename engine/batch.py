@@ -198,7 +198,7 @@ def _context_slots(tables: list[list[int | None]], spans: list[tuple[int, int]],
                           for t in tables], dtype=torch.long, device=device)      # [N, blocks]
     first = torch.tensor([f for f, _ in spans], dtype=torch.long, device=device)[:, None]
     end = torch.tensor([e for _, e in spans], dtype=torch.long, device=device)[:, None]
-    longest = int((end - first).max())
+    longest = max(e - f for f, e in spans)    # from the host values: no device sync
     positions = first + torch.arange(longest, device=device)[None, :]            # [N, L]
     mask = positions < end                                                       # [N, L]
     positions = torch.minimum(positions, end - 1)

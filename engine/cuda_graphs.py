@@ -22,21 +22,26 @@ scratch page that no request ever holds (`scratch_block`, one block past the
 allocator's) and read one key from it. Their outputs are dropped.
 
 Graphs are recorded on the first step of each (bucket, width), or all at once by
-`capture_all` (the manager's warmup), largest first, sharing one memory pool. A
-recording that fails (out of memory, say) turns graphs off for good, with a warning:
-steps then run eagerly. With `capture=False` the same padded steps run eagerly on
+`capture_all` (the manager's warmup), largest first, sharing one memory pool; only
+pairs a step can reach (the torch backend's tables cap a step's keys, so wide tables
+never meet large batches: decode_tables.py). A recording that runs out of memory
+leaves that pair to eager steps; any other failure turns graphs off for good, with a
+warning. Recording and replay run on the cache's device (not the thread's current
+one). With `capture=False` the same padded steps run eagerly on
 the static buffers: the CPU tests check the padding and bucket logic that way.
 Called only from the engine thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 
 import torch
 
 from .attention.metadata import AttentionMetadata
+from .decode_tables import DecodeTables
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +69,17 @@ def graph_batch_sizes(max_requests: int, interval: int = 0) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, cache, max_requests: int, widths: list[int],
+    def __init__(self, model: torch.nn.Module, cache, max_requests: int, tables: DecodeTables,
                  scratch_block: int, interval: int = 0, capture: bool = True,
                  layer_step=None) -> None:
-        """`layer_step`: the decode path's compiled layer step (compile_paths.py), which
-        the graphs then record, or None."""
+        """`tables`: the decode fast path's width policy. `layer_step`: the decode
+        path's compiled layer step (compile_paths.py), which the graphs then record, or
+        None."""
         self.model, self.cache, self.capture = model, cache, capture
         self.layer_step = layer_step
+        self.tables = tables
         self.sizes = graph_batch_sizes(min(max_requests, MAX_BUCKET), interval)
-        self.widths = sorted(widths)
+        self.widths = tables.widths()
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * cache.page_size
         device, largest = cache.device, self.sizes[-1]
@@ -88,6 +95,8 @@ class DecodeGraphs:
         self.pool = None
         self.failed = False
         """A recording failed: no more graphs, every step eager."""
+        self.eager_pairs: set[tuple[int, int]] = set()
+        """(bucket, width) pairs whose recording ran out of memory: eager steps."""
         self.num_steps = 0
         """Decode steps run through the static buffers (replayed, or eager)."""
 
@@ -109,26 +118,37 @@ class DecodeGraphs:
         self.block_table[:num_requests, :width].copy_(meta.block_table)
         self._pad(num_requests, size)
         self.num_steps += 1
-        if self.capture and (size, width) not in self.graphs:
-            self._record(size, width)
-        if not self.capture or self.failed:
-            return self._forward(size, width)[:num_requests]
-        graph, output = self.graphs[size, width]
-        graph.replay()
+        with self._on_device():
+            if self._to_record((size, width)):
+                self._record(size, width)
+            if (size, width) not in self.graphs:
+                return self._forward(size, width)[:num_requests]
+            graph, output = self.graphs[size, width]
+            graph.replay()
         return output[:num_requests]
 
+    def reachable_pairs(self) -> list[tuple[int, int]]:
+        """The (bucket, width) pairs some step can replay, largest first: a bucket's
+        smallest step (one more request than the bucket below) must get that width."""
+        pairs = []
+        for width in reversed(self.widths):
+            for below, size in reversed(list(zip([0] + self.sizes, self.sizes))):
+                if self.tables.width_for(width, below + 1, self.cache.page_size) == width:
+                    pairs.append((size, width))
+        return pairs
+
     def capture_all(self) -> int:
-        """Record every (bucket, width) graph, largest first (the smaller recordings
+        """Record every reachable (bucket, width) graph, largest first (the smaller recordings
         then fit in the memory the larger ones' intermediates left in the pool), with
         padding rows only, so the recordings' warm-up passes write only to the scratch
         page. Returns how many graphs there are."""
         if not self.capture:
             return 0
         self._pad(0, self.sizes[-1])
-        for width in reversed(self.widths):
-            for size in reversed(self.sizes):
-                if not self.failed and (size, width) not in self.graphs:
-                    self._record(size, width)
+        with self._on_device():
+            for pair in self.reachable_pairs():
+                if self._to_record(pair):
+                    self._record(*pair)
         return len(self.graphs)
 
     def release(self) -> None:
@@ -157,7 +177,19 @@ class DecodeGraphs:
         return self.model(self.input_ids[:size], self.positions[:size], self.cache,
                           self._meta(size, width), layer_step=self.layer_step)
 
+    def _to_record(self, pair: tuple[int, int]) -> bool:
+        return (self.capture and not self.failed and pair not in self.graphs
+                and pair not in self.eager_pairs)
+
+    def _on_device(self):
+        """The cache's CUDA device as the current one: streams, recordings and replays
+        belong to the current device, which is per thread (0 unless set)."""
+        if self.cache.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.cache.device)
+
     def _record(self, size: int, width: int) -> None:
+        """Record the graph of (size, width); call within `_on_device`."""
         try:
             # one eager pass on a side stream first: lazy initialisation (cuBLAS
             # handles, workspaces) must not happen inside the recording
@@ -169,7 +201,12 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 output = self._forward(size, width)
-        except RuntimeError as error:    # out of memory, an op that cannot be recorded
+        except torch.cuda.OutOfMemoryError as error:   # a smaller pair may still fit
+            logger.warning("CUDA graph of batch %d x %d blocks not recorded (%s); those "
+                           "decode steps run eagerly", size, width, error)
+            self.eager_pairs.add((size, width))
+            return
+        except RuntimeError as error:    # an op that cannot be recorded
             logger.warning("CUDA graphs off: recording batch %d x %d blocks failed (%s); "
                            "decode steps run eagerly", size, width, error)
             self.failed = True

@@ -86,7 +86,7 @@ class ModelRunner:
         self.num_compiled_steps = 0
         """Steps whose layers ran compiled code (graph replays not counted)."""
         self.decode_graphs = None if not (decode_graphs and decode_tables) else DecodeGraphs(
-            model, self.cache, sizing.max_requests_per_batch, decode_tables.widths(),
+            model, self.cache, sizing.max_requests_per_batch, decode_tables,
             scratch_block=sizing.num_blocks, interval=graph_interval,
             capture=decode_graphs == "capture", layer_step=self.decode_step)
 

@@ -60,7 +60,14 @@ class Sampler:
             rows = on_device(sample_rows, logits.device)
             probs = self._processed_probs(logits[rows], [params[i] for i in sample_rows])
             token_ids[rows] = self._race(probs, [requests[i] for i in sample_rows])
-        return PendingSample(token_ids, raw_logprobs, params)
+        picks = [token_ids]
+        if raw_logprobs is not None:
+            picks.append(raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
+            most = max(p.top_logprobs for p in params)
+            if most:
+                picks.extend(raw_logprobs.topk(most, dim=-1))     # values, indices
+        host, ready = _copy_to_host(picks)
+        return PendingSample(token_ids, params, host, ready)
 
     @staticmethod
     def _apply_penalties_and_bias(logits: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
@@ -126,36 +133,54 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
 
-
 @dataclass(frozen=True)
 class PendingSample:
     token_ids: torch.Tensor                  # [S] long, on the logits' device
-    raw_logprobs: torch.Tensor | None        # [S, vocab] when a row asked for logprobs
     params: list
+    host: list[torch.Tensor]
+    """The picks on their way to the host: token ids [S], and when a row asked for
+    logprobs the chosen ones [S] (+ top values and indices [S, k] when one asked for
+    alternatives). On CUDA pinned tensors that a copy queued at launch fills."""
+    ready: "torch.cuda.Event | None" = None
+    """Recorded after those copies (CUDA only)."""
 
     def result(self) -> SampleResult:
-        """Read the picks back to the host (waits for the device)."""
-        token_list = self.token_ids.tolist()
-        if self.raw_logprobs is None:
+        """The picks on the host. On CUDA this waits for this step's copies only, not
+        for a step queued after it (async batching's overlap depends on that)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        token_list = self.host[0].tolist()
+        if len(self.host) == 1:
             return SampleResult(token_list, None, [None] * len(self.params))
-        chosen = self.raw_logprobs.gather(1, self.token_ids[:, None]).squeeze(1).tolist()
-        return SampleResult(token_list, chosen, _top_logprobs(self.raw_logprobs, self.params))
+        chosen = self.host[1].tolist()
+        top: list = [None] * len(self.params)
+        if len(self.host) == 4:
+            values, indices = self.host[2].tolist(), self.host[3].tolist()
+            top = [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
+                   if p.top_logprobs else None for i, p in enumerate(self.params)]
+        return SampleResult(token_list, chosen, top)
+
+
+def _copy_to_host(tensors: list[torch.Tensor]
+                  ) -> tuple[list[torch.Tensor], "torch.cuda.Event | None"]:
+    """Device tensors -> host tensors filled by copies queued now, and the event that
+    marks them done. Reading a CUDA tensor with .tolist() would wait for everything
+    queued on the stream, the next step too; a fresh pinned buffer per step (two steps
+    can be in flight) and an event wait for this step's work alone. On CPU: as is."""
+    if tensors[0].device.type != "cuda":
+        return tensors, None
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for target, source in zip(host, tensors):
+        target.copy_(source, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(tensors[0].device))
+    return host, ready
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
     """A small host list on `device` without waiting for the device's queued work."""
     tensor = torch.tensor(values)
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
-
-
-def _top_logprobs(raw_logprobs: torch.Tensor, params) -> list:
-    most = max(p.top_logprobs for p in params)
-    if most == 0:
-        return [None] * len(params)
-    values, indices = raw_logprobs.topk(most, dim=-1)
-    values, indices = values.tolist(), indices.tolist()
-    return [list(zip(indices[i][:p.top_logprobs], values[i][:p.top_logprobs]))
-            if p.top_logprobs else None for i, p in enumerate(params)]
 
 
 def greedy_picks(logits: torch.Tensor) -> torch.Tensor:

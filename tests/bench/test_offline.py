@@ -19,3 +19,5 @@ def test_offline_benchmark_reports_ours_and_peers(tiny_models, tmp_path):
     assert report["results"]["kvserve"]["kvserve_speedup"] == 1.0
     assert report["machine"]["copy_bandwidth_gbs"] > 0
     assert plot_path.stat().st_size > 1000
+    engine = report["engine"]            # what served the timed run (one prefill, 4 decodes)
+    assert engine["num_steps"] == 5 and engine["num_graph_steps"] == 0

@@ -14,11 +14,12 @@ from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode
 from engine.attention.flash_backend import FlashPagedAttention
 from engine.compile_paths import CompilePlan, CompileSettings
-from engine.cuda_graphs import graph_batch_sizes
+from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.decode_tables import DecodeTables, decode_tables_for
 from engine.feature_gates import decode_graphs
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
+from engine.kv_cache.paged_cache import PagedKVCache
 from engine.kv_cache.sizing import CacheSizing
 from engine.requests import RequestState
 from engine.runner import ModelRunner
@@ -53,6 +54,34 @@ def test_table_widths_follow_the_kernel_that_reads_them():
     assert DecodeTables(5, round_up=True).widths() == [1, 2, 4, 5]
     with pytest.raises(ValueError):
         DecodeTables(0)
+
+
+@pytest.mark.parametrize("tables", [
+    DecodeTables(8),                                              # flash: one width
+    DecodeTables(8, round_up=True, max_keys=32 * PAGE),           # torch: capped gather
+], ids=["flash", "torch-capped"])
+def test_graphs_are_recorded_for_the_pairs_steps_reach(tables):
+    """capture_all records (bucket, width) for exactly the pairs some decode step can
+    replay: a capped table policy never gives wide tables to large batches, so their
+    graphs (the biggest recordings) would be dead memory."""
+    cache = PagedKVCache(num_layers=1, num_blocks=NUM_BLOCKS, page_size=PAGE, num_kv_heads=1,
+                         head_dim=8, dtype=torch.float32, device=torch.device("cpu"))
+    graphs = DecodeGraphs(torch.nn.Identity(), cache, max_requests=16, tables=tables,
+                          scratch_block=NUM_BLOCKS - 1, capture=False)
+    reached = set()
+    for num_requests in range(1, 17):
+        bucket = next(size for size in graphs.sizes if size >= num_requests)
+        for widest in range(1, tables.max_width + 1):
+            width = tables.width_for(widest, num_requests, PAGE)
+            if width is not None:
+                reached.add((bucket, width))
+    pairs = graphs.reachable_pairs()
+    assert set(pairs) == reached and len(pairs) == len(reached)
+    assert pairs == sorted(pairs, key=lambda pair: (pair[1], pair[0]), reverse=True)
+    if tables.round_up:    # 32 blocks of keys: width 8 up to 4 requests, width 4 up to 8
+        assert (4, 8) in pairs and (8, 8) not in pairs and (16, 4) not in pairs
+    else:
+        assert pairs == [(16, 8), (8, 8), (4, 8), (2, 8), (1, 8)]
 
 
 def test_graphs_only_where_they_work():

@@ -14,6 +14,9 @@ import torch
 from engine import load_model
 from engine.attention.backend import get_backend
 from engine.attention.flash_backend import load_flash_functions
+from engine.generation_config import SamplingParams
+from engine.requests import RequestState
+from engine.sampling import Sampler
 from tests.engine import flash_reference
 from tests.helpers import generate_and_inspect, random_prompts, save_head16_llama
 
@@ -120,3 +123,22 @@ def test_flash_backend_logits_near_the_torch_backend(head16):
     model.module.attn_backend = get_backend("flash")
     got = model.prompt_logits(ids, page_size=256)
     torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+
+
+@needs_cuda
+def test_picks_come_back_through_their_own_copies():
+    """A step's picks and logprobs reach the host through pinned copies queued at
+    launch, so reading them waits for that step alone (async batching's overlap), and
+    they equal the device's values."""
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    logits = torch.randn(3, 300, device="cuda", generator=generator)
+    requests = [RequestState(f"r{i}", [1, 2], 4, (), sampling=SamplingParams(top_logprobs=k),
+                             want_logprobs=True) for i, k in enumerate([0, 2, 5])]
+    pending = Sampler(torch.device("cuda"), seed=0).launch(logits, requests)
+    assert pending.ready is not None and all(t.is_pinned() for t in pending.host)
+    picks = pending.result()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    assert picks.token_ids == logits.argmax(dim=-1).tolist()
+    assert picks.logprobs == pytest.approx(logprobs.max(dim=-1).values.tolist(), abs=1e-5)
+    assert picks.top_logprobs[0] is None and len(picks.top_logprobs[2]) == 5
+    assert [t for t, _ in picks.top_logprobs[1]] == logprobs[1].topk(2).indices.tolist()
