@@ -2,7 +2,7 @@
 
 import pytest
 
-from server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all
+from server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all, ids_decoder
 from server.token_text import TokenTexts
 
 SAMPLES = [
@@ -20,6 +20,22 @@ def test_pieces_join_to_the_text_and_are_never_broken(tokenizer, text):
     pieces = [detokenizer.add(t) for t in ids] + [detokenizer.flush()]
     assert "".join(pieces) == text
     assert not any(REPLACEMENT_CHAR in p for p in pieces)
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_direct_decoder_gives_the_tokenizers_text(tokenizer, skip_special_tokens):
+    """The decoder the streams use (the fast tokenizer's backend, called directly) says
+    what `tokenizer.decode` says, on every window of the samples and special tokens."""
+    decode = ids_decoder(tokenizer, skip_special_tokens)
+    assert decode.func != tokenizer.decode              # the direct path serves this one
+    specials = [tokenizer.bos_token_id, tokenizer.eos_token_id]
+    for text in SAMPLES:
+        ids = specials + tokenizer.encode(text, add_special_tokens=False) + specials
+        for start in range(len(ids)):
+            for end in range(start, min(len(ids), start + 6) + 1):
+                assert decode(ids[start:end]) == tokenizer.decode(
+                    ids[start:end], skip_special_tokens=skip_special_tokens,
+                    clean_up_tokenization_spaces=False)
 
 
 def test_split_character_arrives_whole(tokenizer):
