@@ -26,7 +26,7 @@ from .logprobs import chat_logprobs
 from .prompts import render_chat
 from .protocol.chat import ChatCompletionRequest
 from .sampling import GenerationPlan, build_plan
-from .sse import DONE, event, sse_response
+from .sse import DONE, TextEvents, event, sse_response
 from .state import ServingState
 
 
@@ -81,20 +81,28 @@ async def _collect(state: ServingState, run: GenerationRun, choices: list[Choice
 async def _stream(state: ServingState, run: GenerationRun, choices: list[Choice],
                   plan: GenerationPlan, header: dict[str, Any],
                   prompt_tokens: int) -> AsyncIterator[dict[str, str]]:
-    def chunk(choice_list: list[dict[str, Any]]) -> dict[str, str]:
-        payload = {**header, "object": "chat.completion.chunk", "system_fingerprint": None,
-                   "choices": choice_list}
+    def payload(choice_list: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk = {**header, "object": "chat.completion.chunk", "system_fingerprint": None,
+                 "choices": choice_list}
         if plan.include_usage:
-            payload["usage"] = None
-        return event(payload)
+            chunk["usage"] = None
+        return chunk
+
+    def chunk(choice_list: list[dict[str, Any]]) -> dict[str, str]:
+        return event(payload(choice_list))
+
+    text_chunk = TextEvents(lambda index, text: payload([{
+        "index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]))
 
     for c in choices:
         yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}])
     async with contextlib.aclosing(merge_deltas(choices, run)) as deltas:
         async for index, delta in deltas:
-            if not delta.text and delta.finish_reason is None and not plan.logprobs:
-                continue  # tokens held back (partial character or stop prefix): nothing to say
+            if delta.finish_reason is None and not plan.logprobs:
+                if delta.text:        # the common chunk: text alone
+                    yield text_chunk(index, delta.text)
+                continue  # else tokens held back (partial character or stop prefix)
             yield chunk([{
                 "index": index,
                 "delta": {"content": delta.text} if delta.text else {},

