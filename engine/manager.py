@@ -29,6 +29,10 @@ from .requests import RequestState
 
 logger = logging.getLogger(__name__)
 
+QUEUE_WAIT_S = 10.0
+"""`add_requests` waits this long for room in a full queue (max_queue_size) before
+QueueFullError, as transformers' blocking put does."""
+
 
 class ContinuousBatchingManager:
     """Built by `EngineModel.init_continuous_batching` (or `generate_batch`), not by
@@ -47,7 +51,9 @@ class ContinuousBatchingManager:
                                or self.config.per_request_processors)
         self.sizing = self.loop.sizing
         self._thread: threading.Thread | None = None
-        self._accepting = False
+        self._accepting = True
+        """Requests are queued from construction (the thread serves them once started)
+        until `stop` or `destroy`."""
         self._destroyed = False
         self._ids = itertools.count()
         self.vocab_size = int(model.config.vocab_size)
@@ -58,13 +64,13 @@ class ContinuousBatchingManager:
                     max_new_tokens: int | None = None, streaming: bool = False,
                     record_timestamps: bool = False, eos_token_id: int | list[int] | None = None,
                     **logit_processor_kwargs: Any) -> str | None:
-        """Any thread. Queue one request; returns its id, or None (with a warning)
-        when the manager is stopped. Raises InvalidRequestError, RequestTooLongError
-        or QueueFullError for requests that cannot be served. On a follower rank of
-        a tensor-parallel run it queues nothing (the driver rank owns requests) and
-        returns the id."""
+        """Any thread. Queue one request (before `start` too); returns its id, or None
+        (with a warning) once the manager is stopped. Raises InvalidRequestError,
+        RequestTooLongError or QueueFullError (at once: a server answers 429) for
+        requests that cannot be served. On a follower rank of a tensor-parallel run it
+        queues nothing (the driver rank owns requests) and returns None."""
         if not self.loop.is_driver:
-            return str(request_id) if request_id is not None else f"req_{next(self._ids)}"
+            return None
         request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
         with self.loop.submit_lock:
@@ -81,15 +87,30 @@ class ContinuousBatchingManager:
                      streaming: bool = False, record_timestamps: bool = False,
                      **logit_processor_kwargs: Any) -> list[str]:
         """Any thread. Ids follow the order of `inputs`; with block sharing on, the
-        requests are queued sorted by tokens so shared prefixes run back to back."""
+        requests are queued sorted by tokens so shared prefixes run back to back. Under
+        `max_queue_size` it waits for room while the engine runs (QueueFullError once
+        the queue has not moved for QUEUE_WAIT_S), so a batch larger than the queue
+        goes through."""
         ids = [f"req_{next(self._ids)}" for _ in inputs]
         order = range(len(inputs))
         if self.config.allow_block_sharing:
             order = sorted(order, key=lambda i: list(inputs[i]))
         for i in order:
-            self.add_request(inputs[i], ids[i], max_new_tokens, streaming, record_timestamps,
-                             **logit_processor_kwargs)
+            self._add_waiting_for_room(
+                lambda: self.add_request(inputs[i], ids[i], max_new_tokens, streaming,
+                                         record_timestamps, **logit_processor_kwargs))
         return ids
+
+    def _add_waiting_for_room(self, add: Callable[[], str | None]) -> None:
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        while True:
+            try:
+                add()
+                return
+            except QueueFullError:
+                if not self.is_running() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
     def _make_request(self, input_ids, request_id, max_new_tokens, streaming,
                       record_timestamps, eos_token_id, kwargs) -> RequestState:
@@ -144,12 +165,19 @@ class ContinuousBatchingManager:
                 yield result
 
     def request_id_iter(self, request_id: str) -> Iterator[GenerationOutput]:
-        """Blocking iteration over one request's results, ending with its last."""
-        while self.is_running() or self.router.has_pending():
+        """Blocking iteration over one request's results, ending with its last, or,
+        once the thread has stopped, when a pass over the queue finds none of them
+        (an unknown, cancelled or already consumed id)."""
+        misses = 0      # heads of other requests put back since the thread stopped
+        while self.is_running() or misses <= self.router.num_pending():
             result = self.get_result(request_id=request_id, timeout=0.1)
             if result is None:
-                time.sleep(0.001)  # the head belonged to another request
+                if self.is_running():
+                    time.sleep(0.001)  # the head belonged to another request
+                else:
+                    misses += 1
                 continue
+            misses = 0
             yield result
             if result.is_finished():
                 return

@@ -95,6 +95,9 @@ class OutputRouter:
     def has_pending(self) -> bool:
         return not self.output_queue.empty()
 
+    def num_pending(self) -> int:
+        return self.output_queue.qsize()
+
 
 def _run_callbacks(calls: list[tuple[Callable, GenerationOutput]]) -> None:
     """Each handler with its output; a caller's bug must not stop the others (nor,

@@ -185,12 +185,57 @@ def test_queue_limit_raises_queue_full(tiny_llama):
     model, _ = tiny_llama
     manager = make_manager(model, max_queue_size=2)
     with manager.pause():                       # not started: nothing drains the queue
-        manager._accepting = True
         manager.add_request([3])
         manager.add_request([4])
         with pytest.raises(QueueFullError):
             manager.add_request([5])
     manager.destroy()
+
+
+def test_requests_queued_before_start_are_served(tiny_llama):
+    model, reference = tiny_llama
+    manager = make_manager(model, max_new_tokens=3)
+    rid = manager.add_request([7, 8, 9])                 # not started yet: queued
+    assert rid is not None
+    manager.start()
+    results = list(manager.request_id_iter(rid))
+    assert results[-1].generated_tokens == reference_greedy(reference, [7, 8, 9], 3)
+    manager.stop()
+    manager.destroy()
+
+
+def test_request_id_iter_ends_after_stop_when_none_of_its_results_are_left(tiny_llama):
+    """After the thread stops, iterating an id whose results are gone (consumed, unknown)
+    ends after one pass over the queue, though other requests' results stay queued."""
+    model, _ = tiny_llama
+    manager = make_manager(model, max_new_tokens=2)
+    manager.start()
+    first, second = manager.add_request([3, 4]), manager.add_request([5, 6])
+    manager.stop(block=True)
+    assert list(manager.request_id_iter(first))[-1].is_finished()
+    leftovers: list = []
+
+    def iterate_both():
+        leftovers.extend(r.request_id for r in manager.request_id_iter(first))
+        leftovers.extend(r.request_id for r in manager.request_id_iter("never-added"))
+
+    iterating = threading.Thread(target=iterate_both, daemon=True)
+    iterating.start()
+    iterating.join(timeout=10)
+    assert not iterating.is_alive() and leftovers == []
+    assert manager.get_result(second).request_id == second    # still there, not lost
+    manager.destroy()
+
+
+def test_a_batch_larger_than_the_queue_limit_goes_through(tiny_llama):
+    """add_requests (and so generate_batch) waits for room under max_queue_size; a
+    single add_request over the limit is refused at once (test_queue_limit_raises_queue_full)."""
+    model, _ = tiny_llama
+    prompts = random_prompts(6, 2, 10, seed=4)
+    outputs = model.generate_batch(
+        prompts, GenerationConfig(max_new_tokens=3, eos_token_id=[]),
+        ContinuousBatchingConfig(page_size=4, num_blocks=64, max_queue_size=2), warmup=False)
+    assert [len(o.generated_tokens) for o in outputs.values()] == [3] * 6
 
 
 def test_context_manager_and_persistent_manager(tiny_llama):
