@@ -153,8 +153,10 @@ class ContinuousBatchingManager:
         self.router.register(request_id, callback)
 
     def get_result(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
-        """Any thread. Next result from the shared queue (see OutputRouter.get)."""
-        if timeout is None and not self.is_running():
+        """Any thread. Next result from the shared queue (see OutputRouter.get); with
+        the thread stopped (nothing more can arrive) it does not wait, whatever
+        `timeout` says."""
+        if not self.is_running():
             return self.router.get(request_id, None, block=False)
         return self.router.get(request_id, timeout)
 

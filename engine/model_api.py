@@ -59,17 +59,24 @@ class EngineModel:
             ContinuousBatchingConfig.from_any(continuous_batching_config), workload_hints)
 
     @contextlib.contextmanager
-    def continuous_batching_context_manager(self, generation_config=None,
+    def continuous_batching_context_manager(self, generation_config=None, block: bool = True,
+                                            timeout: float | None = None,
                                             continuous_batching_config=None,
-                                            persistent_manager: bool = False, **kwargs: Any):
-        """Start a manager on enter; on exit stop it, and destroy it unless
-        `persistent_manager` (then it is kept on the model for the next session)."""
-        manager = self.init_continuous_batching(generation_config, continuous_batching_config, **kwargs)
+                                            persistent_manager: bool = False, warmup: bool = True,
+                                            workload_hints: dict | None = None):
+        """Warm up (`warmup`: a dummy batch, the decode CUDA graphs where there are any)
+        and start a manager on enter; on exit stop it (`block`, `timeout` as `stop`'s),
+        and destroy it unless `persistent_manager` (then it is kept on the model for the
+        next session)."""
+        manager = self.init_continuous_batching(generation_config, continuous_batching_config,
+                                                workload_hints=workload_hints)
+        if warmup:
+            manager.warmup()
         manager.start()
         try:
             yield manager
         finally:
-            manager.stop(block=True, keep_for_next_session=persistent_manager)
+            manager.stop(block=block, timeout=timeout, keep_for_next_session=persistent_manager)
             if not persistent_manager:
                 manager.destroy()
 
@@ -80,6 +87,8 @@ class EngineModel:
         """Generate for every prompt; blocks until all are done. Returns outputs keyed
         by request id, in the order of `inputs`. Under tensor parallelism every rank
         calls it with the same arguments and every rank returns the outputs."""
+        if not inputs:
+            return {}                    # no manager, no cache for no work
         hints = {"num_requests": len(inputs),
                  "max_prompt_length": max((len(i) for i in inputs), default=0),
                  "max_generated_length": kwargs.get("max_new_tokens") or GenerationConfig.from_any(

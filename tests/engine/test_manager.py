@@ -224,7 +224,11 @@ def test_request_id_iter_ends_after_stop_when_none_of_its_results_are_left(tiny_
     iterating.join(timeout=10)
     assert not iterating.is_alive() and leftovers == []
     assert manager.get_result(second).request_id == second    # still there, not lost
+    waited = time.monotonic()
+    assert manager.get_result(timeout=30) is None     # stopped: nothing more can come
+    assert time.monotonic() - waited < 5
     manager.destroy()
+    assert model.generate_batch([]) == {}
 
 
 def test_a_batch_larger_than_the_queue_limit_goes_through(tiny_llama):
@@ -242,7 +246,7 @@ def test_context_manager_and_persistent_manager(tiny_llama):
     model, _ = tiny_llama
     with model.continuous_batching_context_manager(
             GenerationConfig(max_new_tokens=4, eos_token_id=[]),
-            ContinuousBatchingConfig(page_size=4, num_blocks=32),
+            continuous_batching_config=ContinuousBatchingConfig(page_size=4, num_blocks=32),
             persistent_manager=True) as manager:
         rid = manager.add_request([3, 4, 5])
         result = next(r for r in manager.request_id_iter(rid) if r.is_finished())
@@ -251,6 +255,33 @@ def test_context_manager_and_persistent_manager(tiny_llama):
     assert model.init_continuous_batching() is manager     # kept for the next session
     manager.destroy()
     assert model._cached_manager is None
+
+
+def test_entry_points_take_transformers_parameters_in_its_order(tiny_llama):
+    """The model's entry points and the manager's methods have the parameters of
+    transformers' ContinuousMixin / ContinuousBatchingManager, in the same order (so
+    positional calls mean the same), with the same defaults where transformers has
+    one (ours may default more: `join()` needs no stop time)."""
+    import inspect
+
+    from transformers.generation.continuous_batching import continuous_api
+
+    model, _ = tiny_llama
+    manager = make_manager(model)
+    pairs = [(model.continuous_batching_context_manager,
+              continuous_api.ContinuousMixin.continuous_batching_context_manager),
+             (model.generate_batch, continuous_api.ContinuousMixin.generate_batch)]
+    pairs += [(getattr(manager, name), getattr(continuous_api.ContinuousBatchingManager, name))
+              for name in ("add_request", "add_requests", "get_result", "stop", "join")]
+    for ours, theirs in pairs:
+        def parameters(function, skip_self):
+            listed = list(inspect.signature(function).parameters.values())[skip_self:]
+            return [(p.name, p.default) for p in listed if p.kind is not p.VAR_KEYWORD]
+        mine, wanted = parameters(ours, 0), parameters(theirs, 1)
+        assert [name for name, _ in mine] == [name for name, _ in wanted], ours.__name__
+        assert all(default == want for (_, default), (_, want) in zip(mine, wanted)
+                   if want is not inspect.Parameter.empty), ours.__name__
+    manager.destroy()
 
 
 def test_eos_stops_and_stays_last(tiny_llama):
