@@ -96,17 +96,21 @@ class EngineModel:
         manager = self.init_continuous_batching(generation_config, continuous_batching_config,
                                                 workload_hints=hints)
         manager.start()
+        failed = False
         try:
             if warmup:
                 manager.warmup()
             outcome = (self._collect(manager, inputs, record_timestamps, progress_bar, kwargs)
                        if manager.is_driver else manager.join())
         except BaseException as error:   # under TP the followers still need an answer
+            failed = True
             if self.tp_group is None:
                 raise
             outcome = error
         finally:
-            manager.stop(block=True, keep_for_next_session=persistent_manager)
+            # after a failure (a bad prompt, Ctrl-C) what is queued is not waited for
+            manager.stop(block=True, keep_for_next_session=persistent_manager,
+                         hard_stop=failed and self.tp_group is None)
             if not persistent_manager:
                 manager.destroy()
         if self.tp_group is not None:    # every rank returns the driver's outputs

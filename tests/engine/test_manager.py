@@ -242,6 +242,25 @@ def test_a_batch_larger_than_the_queue_limit_goes_through(tiny_llama):
     assert [len(o.generated_tokens) for o in outputs.values()] == [3] * 6
 
 
+def test_a_failing_batch_does_not_run_the_rest_of_its_requests(tiny_llama):
+    """A bad prompt in generate_batch raises, and the requests queued before it are
+    failed at once, not generated to their end first."""
+    model, _ = tiny_llama
+    prompts = random_prompts(3, 4, 8, seed=6) + [[-1]]
+    with pytest.raises(InvalidRequestError):
+        model.generate_batch(prompts, GenerationConfig(max_new_tokens=500, eos_token_id=[]),
+                             ContinuousBatchingConfig(page_size=16, num_blocks=256,
+                                                      allow_block_sharing=False),
+                             warmup=False, persistent_manager=True)
+    manager = model._cached_manager
+    results = []
+    while (result := manager.get_result()) is not None:
+        results.append(result)
+    manager.destroy()
+    finished = [r for r in results if r.is_finished()]
+    assert len(finished) == 3 and all(r.status is RequestStatus.FAILED for r in finished)
+
+
 def test_context_manager_and_persistent_manager(tiny_llama):
     model, _ = tiny_llama
     with model.continuous_batching_context_manager(
