@@ -45,8 +45,8 @@ class GenerationConfig:
             return cls()
         if isinstance(value, cls):
             return value
-        if isinstance(value, dict):
-            return cls(**value)
+        if isinstance(value, dict):     # settings the engine does not run: unsupported_settings
+            return cls(**{k: v for k, v in value.items() if k not in UNSUPPORTED_SETTINGS})
         kwargs = {}
         for f in dataclasses.fields(cls):
             attr = getattr(value, f.name, None)
@@ -56,6 +56,37 @@ class GenerationConfig:
 
     def replace(self, **changes: Any) -> "GenerationConfig":
         return dataclasses.replace(self, **changes)
+
+
+UNSUPPORTED_SETTINGS: dict[str, tuple] = {
+    "num_beams": (1,), "diversity_penalty": (0.0,), "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,), "bad_words_ids": (), "min_length": (0,),
+    "min_new_tokens": (0,), "suppress_tokens": (), "begin_suppress_tokens": (),
+    "forced_bos_token_id": (), "forced_eos_token_id": (), "sequence_bias": (),
+    "typical_p": (1.0,), "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,),
+    "encoder_repetition_penalty": (1.0,), "exponential_decay_length_penalty": (),
+    "guidance_scale": (1.0,), "watermarking_config": (), "renormalize_logits": (False,),
+    "remove_invalid_values": (False,),
+}
+"""transformers GenerationConfig settings whose logits processors (or search modes) the
+engine does not run, with the values that ask for nothing (None and empty always do)."""
+
+
+def unsupported_settings(value: Any) -> list[str]:
+    """`name=value` for each setting of a generation config (transformers', a dict,
+    any object) that asks for a processor the engine does not run. The model's entry
+    points drop them with a warning, or refuse them with `drop_unsupported_processors`
+    False."""
+    if value is None or isinstance(value, GenerationConfig):
+        return []
+    found = []
+    for name, neutral in UNSUPPORTED_SETTINGS.items():
+        setting = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+        if setting is None or setting in neutral or (
+                isinstance(setting, (list, tuple, dict)) and not setting):
+            continue
+        found.append(f"{name}={setting!r}")
+    return found
 
 
 SAMPLING_KWARGS = (

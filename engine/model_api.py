@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .config import ContinuousBatchingConfig
-from .generation_config import GenerationConfig
+from .generation_config import GenerationConfig, unsupported_settings
 from .outputs import GenerationOutput
 
 logger = logging.getLogger(__name__)
@@ -52,11 +52,20 @@ class EngineModel:
         cached = self._cached_manager
         if cached is not None and generation_config is None and continuous_batching_config is None:
             return cached
+        continuous_batching_config = ContinuousBatchingConfig.from_any(continuous_batching_config)
+        dropped = unsupported_settings(generation_config)
+        if dropped and not continuous_batching_config.drop_unsupported_processors:
+            raise ValueError(f"generation_config asks for {', '.join(dropped)}, which continuous "
+                             "batching does not run (drop_unsupported_processors=True drops them "
+                             "with a warning)")
+        if dropped:
+            logger.warning("generation_config: %s not supported by continuous batching: dropped",
+                           ", ".join(dropped))
         if cached is not None:
             cached.destroy()
         return ContinuousBatchingManager(
             self, self._resolve_generation_config(generation_config),
-            ContinuousBatchingConfig.from_any(continuous_batching_config), workload_hints)
+            continuous_batching_config, workload_hints)
 
     @contextlib.contextmanager
     def continuous_batching_context_manager(self, generation_config=None, block: bool = True,

@@ -89,3 +89,28 @@ def test_logit_bias_forces_a_token(tiny_llama):
     assert penalised.generated_tokens == [77, 77, 77, 77]    # bias 100 outweighs penalties
     repeated = generate(model, [[30, 31]], max_new_tokens=6, repetition_penalty=1e6)[0]
     assert len(set(repeated.generated_tokens)) == 6           # nothing repeats
+
+
+def test_unsupported_processors_are_dropped_with_a_warning_or_refused(tiny_llama, caplog):
+    """A transformers GenerationConfig asking for processors continuous batching does
+    not run (no_repeat_ngram_size, beams): dropped with a warning naming them by
+    default (drop_unsupported_processors), refused with a ValueError without it."""
+    from transformers import GenerationConfig as TransformersGenerationConfig
+
+    model, reference = tiny_llama
+    asking = TransformersGenerationConfig(max_new_tokens=4, do_sample=False,
+                                          no_repeat_ngram_size=2, num_beams=2)
+    with caplog.at_level("WARNING", logger="engine.model_api"):
+        outputs = model.generate_batch([[30, 31]], asking,
+                                       ContinuousBatchingConfig(page_size=4, num_blocks=32),
+                                       warmup=False)
+    assert "no_repeat_ngram_size=2" in caplog.text and "num_beams=2" in caplog.text
+    assert list(outputs.values())[0].generated_tokens == reference_greedy(reference, [30, 31], 4)
+    with pytest.raises(ValueError, match="no_repeat_ngram_size=2"):
+        model.generate_batch([[30, 31]], asking, ContinuousBatchingConfig(
+            page_size=4, num_blocks=32, drop_unsupported_processors=False), warmup=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.model_api"):
+        model.generate_batch([[30, 31]], TransformersGenerationConfig(max_new_tokens=2),
+                             ContinuousBatchingConfig(page_size=4, num_blocks=32), warmup=False)
+    assert "not supported" not in caplog.text
