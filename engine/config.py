@@ -117,7 +117,8 @@ class ContinuousBatchingConfig:
         _check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or None")
         graph = self.use_cuda_graph
         _check(graph is None or isinstance(graph, bool)
-               or (isinstance(graph, tuple) and len(graph) == 2), "use_cuda_graph",
+               or (isinstance(graph, tuple) and len(graph) == 2
+                   and all(isinstance(part, bool) for part in graph)), "use_cuda_graph",
                "must be None, a bool, or a (varlen, decode) pair of bools")
 
     @property

@@ -21,6 +21,7 @@ def test_block_size_is_a_deprecated_alias_of_page_size():
     ("scheduler_type", "lifo"), ("safety_margin", 1.5), ("max_memory_percent", 0.0),
     ("num_blocks", 0), ("max_batch_tokens", -1), ("default_compile_level", 4),
     ("max_queue_size", -1), ("cpu_offload_space", -1.0), ("cpu_group_timeout", 1.0),
+    ("use_cuda_graph", (1, 2)), ("use_cuda_graph", (True,)),
     ("varlen_compile_config", {"fullgrap": True}), ("decode_compile_config", "inductor"),
     ("decode_compile_config", {"mode": "default", "options": {"max_autotune": True}}),
 ])
