@@ -16,6 +16,8 @@ starts read plain safetensors.
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import importlib
 import importlib.util
@@ -41,6 +43,24 @@ EMBEDDED_MODELS = {
 
 class ModelLoadError(RuntimeError):
     """The model spec could not be resolved or read."""
+
+
+def without_gc(function):
+    """Run `function` with the cyclic garbage collector paused. Loading a model
+    creates ~350k long-lived objects (imports, the tokenizer, the GGUF's metadata):
+    each full collection on the way walks all of them, ~10 of those while the default
+    model loads, 20 -> 300 ms each as the heap grows (load 10.2 -> 6.3 s with the
+    collector paused). Nothing it makes is cyclic garbage worth collecting early."""
+    @functools.wraps(function)
+    def paused(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return paused
 
 
 def default_cache_dir() -> Path:

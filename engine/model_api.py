@@ -14,6 +14,7 @@ import torch
 
 from .config import ContinuousBatchingConfig
 from .generation_config import GenerationConfig, unsupported_settings
+from .loading import without_gc
 from .outputs import GenerationOutput
 
 logger = logging.getLogger(__name__)
@@ -177,6 +178,7 @@ class EngineModel:
 KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+@without_gc
 def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                cache_dir: str | Path | None = None, progress: bool = True,
                tokenizer: Any = None, tp_size: int = 1,

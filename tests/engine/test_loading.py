@@ -32,6 +32,28 @@ def test_hub_id_offline_gives_a_clear_error(monkeypatch):
         load_model("nobody/nothing")
 
 
+def test_loading_pauses_the_collector_and_gives_it_back(tiny_models):
+    """load_model runs with the cyclic collector off (its objects are long-lived) and
+    leaves it as it found it, on success and on failure."""
+    import gc
+
+    path, _ = tiny_models["llama"]
+    seen = []
+    gc.callbacks.append(lambda phase, info: seen.append(phase))
+    try:
+        load_model(path, progress=False)
+        assert seen == [] and gc.isenabled()
+        with pytest.raises(ModelLoadError):
+            load_model("./missing-dir")
+        assert gc.isenabled()
+        gc.disable()
+        load_model(path, progress=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.callbacks.pop()
+
+
 @pytest.mark.parametrize("spec", ["/does/not/exist.gguf", "./missing-dir", "a/b/c"])
 def test_unknown_specs_are_rejected(spec):
     with pytest.raises(ModelLoadError):
