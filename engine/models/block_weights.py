@@ -25,6 +25,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
 logger = logging.getLogger(__name__)
@@ -171,15 +172,8 @@ class FusedBlockMLP:
 
 
 def _read_gguf(path: Path) -> dict[str, Blocks]:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    found = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        if kind in _BYTES_PER_BLOCK:
-            found[tensor.name] = parse_blocks(kind, torch.from_numpy(tensor.data.copy()))
-    return found
+    return {tensor.name: parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
+            for tensor in read_block_tensors(path)}
 
 
 def _unpermute(blocks: Blocks, num_heads: int) -> Blocks:

@@ -152,3 +152,22 @@ def test_the_library_builds_for_cpus_without_this_ones_features(tmp_path, march)
                             str(tmp_path / "kernels.so"), *map(str, kernel_build.SOURCES), "-lm"],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
+
+
+def test_the_tensor_table_reader_finds_what_gguf_py_finds():
+    """read_block_tensors (the tensor table, metadata skipped unread) gives the default
+    model's Q4_1/Q8_0 tensors with the names, shapes and bytes gguf-py's reader gives."""
+    import gguf
+
+    from engine.loading import resolve_embedded
+    from engine.models.gguf_tensors import read_block_tensors
+
+    path = resolve_embedded("smollm2-135m-instruct")
+    ours = read_block_tensors(path)
+    theirs = [t for t in gguf.GGUFReader(str(path)).tensors
+              if t.tensor_type.name in ("Q4_1", "Q8_0")]
+    assert [(t.name, t.kind) for t in ours] == [(t.name, t.tensor_type.name) for t in theirs]
+    assert len(ours) > 200 and {t.kind for t in ours} == {"Q4_1", "Q8_0"}
+    for mine, reference in zip(ours, theirs):
+        assert mine.data.shape == reference.data.shape
+        assert np.array_equal(mine.data, reference.data), mine.name
