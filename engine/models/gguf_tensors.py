@@ -69,13 +69,21 @@ class _Cursor:
 
 def read_block_tensors(path: Path) -> list[GGUFTensor]:
     """The file's Q4_1 and Q8_0 tensors (others are skipped), as views of the mapped
-    file (copy what must outlive it)."""
+    file (copy what must outlive it). ValueError for a file this reader cannot read
+    (not GGUF v2/v3 little-endian, truncated)."""
     with open(path, "rb") as file:
         buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _read(path, buffer)
+    except (struct.error, KeyError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: malformed GGUF ({error})") from error
+
+
+def _read(path: Path, buffer) -> list[GGUFTensor]:
     cursor = _Cursor(buffer)
     magic, version, tensor_count, kv_count = cursor.take("4sIQQ")
-    if magic != b"GGUF" or version < 2:
-        raise ValueError(f"{path} is not a GGUF v2+ file")
+    if magic != b"GGUF" or version not in (2, 3):     # a big-endian file reads as 2**24+
+        raise ValueError(f"{path} is not a little-endian GGUF v2/v3 file")
     alignment = 32
     for _ in range(kv_count):
         key, value_type = cursor.string(), cursor.take("I")
@@ -100,6 +108,8 @@ def read_block_tensors(path: Path) -> list[GGUFTensor]:
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // per_block * block_bytes
         start = data_start + offset
+        if start + rows * row_bytes > whole.shape[0]:
+            raise ValueError(f"{path}: tensor {name} runs past the end of the file")
         tensors.append(GGUFTensor(name, kind, whole[start:start + rows * row_bytes]
                                   .reshape(rows, row_bytes)))
     return tensors

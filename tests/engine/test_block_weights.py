@@ -171,3 +171,25 @@ def test_the_tensor_table_reader_finds_what_gguf_py_finds():
     for mine, reference in zip(ours, theirs):
         assert mine.data.shape == reference.data.shape
         assert np.array_equal(mine.data, reference.data), mine.name
+
+
+def test_the_tensor_table_reader_refuses_what_it_cannot_read(tmp_path):
+    import shutil
+
+    from engine.loading import resolve_embedded
+    from engine.models.gguf_tensors import read_block_tensors
+
+    source = resolve_embedded("smollm2-135m-instruct")
+    truncated = tmp_path / "truncated.gguf"
+    with open(source, "rb") as file:
+        truncated.write_bytes(file.read(4_000_000))         # metadata whole, tensors cut
+    not_gguf = tmp_path / "other.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(64))
+    big_endian = tmp_path / "big.gguf"
+    shutil.copyfile(source, big_endian)
+    with open(big_endian, "r+b") as file:
+        file.seek(4)
+        file.write((3).to_bytes(4, "big"))
+    for path in (truncated, not_gguf, big_endian):
+        with pytest.raises(ValueError):
+            read_block_tensors(path)
