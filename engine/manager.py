@@ -55,6 +55,8 @@ class ContinuousBatchingManager:
         """Requests are queued from construction (the thread serves them once started)
         until `stop` or `destroy`."""
         self._destroyed = False
+        self.warmed_up = False
+        """`warmup()` ran: the entry points do not warm a reused (persistent) manager again."""
         self._ids = itertools.count()
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = getattr(model.config, "max_position_embeddings", None)
@@ -252,6 +254,7 @@ class ContinuousBatchingManager:
         there are any (the decode fast path on CUDA, either backend)."""
         self.loop.warmup()
         release_openmp_pool()   # the dummy batch ran on this thread (see cpu_threads.py)
+        self.warmed_up = True
 
     def switch_to_cb_friendly_attn(self, model=None, auto_switch_to_flash: bool = True) -> str:
         from .attention.backend import switch_to_cb_friendly_attn

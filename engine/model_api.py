@@ -80,7 +80,7 @@ class EngineModel:
         next session)."""
         manager = self.init_continuous_batching(generation_config, continuous_batching_config,
                                                 workload_hints=workload_hints)
-        if warmup:
+        if warmup and not manager.warmed_up:
             manager.warmup()
         manager.start()
         try:
@@ -108,7 +108,7 @@ class EngineModel:
         manager.start()
         failed = False
         try:
-            if warmup:
+            if warmup and not manager.warmed_up:
                 manager.warmup()
             outcome = (self._collect(manager, inputs, record_timestamps, progress_bar, kwargs)
                        if manager.is_driver else manager.join())

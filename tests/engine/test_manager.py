@@ -303,6 +303,24 @@ def test_entry_points_take_transformers_parameters_in_its_order(tiny_llama):
     manager.destroy()
 
 
+def test_a_reused_manager_is_warmed_up_once(tiny_llama):
+    model, _ = tiny_llama
+    config = ContinuousBatchingConfig(page_size=4, num_blocks=32)
+    generation = GenerationConfig(max_new_tokens=2, eos_token_id=[])
+    model.generate_batch([[3, 4]], generation, config, persistent_manager=True)
+    manager = model._cached_manager
+    assert manager.warmed_up
+    runs = []
+    warmup = manager.loop.warmup
+    manager.loop.warmup = lambda: (runs.append(1), warmup())
+    outputs = model.generate_batch([[5, 6]], persistent_manager=True)   # the cached manager
+    assert model._cached_manager is manager and runs == []
+    assert len(list(outputs.values())[0].generated_tokens) == 2
+    manager.warmup()                                        # asked for: it runs
+    assert runs == [1]
+    manager.destroy()
+
+
 def test_eos_stops_and_stays_last(tiny_llama):
     model, reference = tiny_llama
     prompt = [7, 8, 9, 10]
