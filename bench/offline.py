@@ -149,8 +149,8 @@ def main(argv=None) -> dict:
     limits = (measure(model.config.hidden_size, model.config.intermediate_size)
               if model.device.type == "cpu" else
               {"accelerator": torch.cuda.get_device_name(model.device)})   # the CPU's are moot
-    *ours, engine_stats = run_kvserve(model, prompts, args.output_len, cb_config)
-    runs = {"kvserve": tuple(ours)}
+    seconds, tokens, engine_stats = run_kvserve(model, prompts, args.output_len, cb_config)
+    runs = {"kvserve": (seconds, tokens)}
     if peers:
         reference = load_reference(args.model, model.dtype, model.device)
         if "transformers-cb" in peers:

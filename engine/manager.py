@@ -98,16 +98,17 @@ class ContinuousBatchingManager:
         if self.config.allow_block_sharing:
             order = sorted(order, key=lambda i: list(inputs[i]))
         for i in order:
-            self._add_waiting_for_room(
-                lambda: self.add_request(inputs[i], ids[i], max_new_tokens, streaming,
-                                         record_timestamps, **logit_processor_kwargs))
+            self._add_waiting_for_room(inputs[i], ids[i], max_new_tokens, streaming,
+                                       record_timestamps, **logit_processor_kwargs)
         return ids
 
-    def _add_waiting_for_room(self, add: Callable[[], str | None]) -> None:
+    def _add_waiting_for_room(self, *args: Any, **kwargs: Any) -> None:
+        """`add_request(*args, **kwargs)`, retried while the queue is full and the
+        engine runs, for up to QUEUE_WAIT_S."""
         deadline = time.monotonic() + QUEUE_WAIT_S
         while True:
             try:
-                add()
+                self.add_request(*args, **kwargs)
                 return
             except QueueFullError:
                 if not self.is_running() or time.monotonic() > deadline:
