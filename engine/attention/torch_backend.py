@@ -8,9 +8,10 @@ request's first start + i + 1 slots). Otherwise:
 - decode requests (one query each) are batched over their contexts gathered from the
   pages and padded to the longest, with a padding mask (one SDPA call for a few
   requests, per-KV-head matmuls for many);
-- each prefill chunk runs its own SDPA call: over its fresh K/V when it starts at
-  position 0 (plain causal), else over its whole context gathered from the pages with
-  a causal mask shifted by the tokens already cached.
+- each prefill chunk runs its own call: on a bf16 CPU cache the native flash-style
+  kernel over the pages in place (native_prefill.py); otherwise SDPA, over its fresh
+  K/V when it starts at position 0 (plain causal), else over its whole context
+  gathered from the pages with a causal mask shifted by the tokens already cached.
 Decode steps on the decode fast path (accelerators: `meta.decode_fast_path`) read
 fixed-width block tables instead (fixed_table_decode.py), the shapes CUDA graphs need.
 """
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from .fixed_table_decode import fixed_table_decode
 from .metadata import AttentionMetadata
+from .native_prefill import attend_chunk, prefill_kernels
 
 FUSED_DECODE_MAX_BATCH = 4
 """Decode batches up to this size take one SDPA call; larger ones the per-KV-head
@@ -69,12 +71,16 @@ class TorchPagedAttention:
             return kernels.paged_decode_attention(
                 query.float(), flat_keys, flat_values, meta.step_kv_slots, meta.step_lengths,
                 scale, slot_rows=meta.step_slot_rows).to(query.dtype)
-        output = torch.empty_like(query)                            # [T, H, D]
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D]
         if meta.decode_rows is not None:
             output[meta.decode_rows] = self._decode(query, flat_keys, flat_values, meta, scale)
+        prefill = prefill_kernels(flat_keys, query) if meta.prefills else None
         for chunk in meta.prefills:
-            output[chunk.q_start:chunk.q_end] = self._prefill(
-                query, key, value, flat_keys, flat_values, chunk, scale)
+            if prefill is not None:
+                attend_chunk(prefill, query, flat_keys, flat_values, chunk, meta, scale, output)
+            else:
+                output[chunk.q_start:chunk.q_end] = self._prefill(
+                    query, key, value, flat_keys, flat_values, chunk, scale)
         return output
 
     @staticmethod

@@ -1,6 +1,7 @@
 """Build and load the engine's native CPU kernels (their Python front is native.py):
 matrix products on GGUF weight blocks (block_gemm.c), decode attention over the paged
-cache (paged_attention.c, attention_vectors.c), a decoder layer's elementwise parts
+cache (paged_attention.c, attention_vectors.c) and of long prefill chunks
+(prefill_attention.c), a decoder layer's elementwise parts
 (layer_ops.c, activations.c), the fast decode layer's two halves (decode_layer.c), a
 step's whole layer stack on bf16 weights (decoder_stack.c), the bf16 LM head's finish (head_rescore.c) and greedy picks (argmax.c), sharing one pool
 of helper threads (worker_pool.c).
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "paged_attention.c", "attention_vectors.c",
-                        "attention_bf16.c", "bf16_gemm.c",
+                        "attention_bf16.c", "prefill_attention.c", "bf16_gemm.c",
                         "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
                         "decode_layer.c", "decoder_stack.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name(name)

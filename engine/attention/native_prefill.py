@@ -1,0 +1,60 @@
+"""Long prefill chunks over a bf16 CPU cache on the native flash-style kernel
+(kernels/prefill_attention.c), instead of an SDPA call each.
+
+SDPA on the CPU computes a chunk in fp32 over fp32 copies of its keys and values
+(gathered from the pages and widened first when the chunk does not start at 0); the
+kernel reads the bf16 cache where it lies, shares each key block between a tile of
+queries, and multiplies on AVX512-BF16 dot products, carrying the queries and
+probabilities in two bf16 halves so the result stays within a few fp32 ulps of fp32
+attention over the same cache. Measured per layer of the default model (9 heads of
+64, 2 threads): see docs/benchmarks.md ("Long prompts").
+
+Chunks short enough for the per-row queries of paged_attention.c never get here
+(batch.STEP_QUERY_MAX_PAIRS); fp32 caches (the exact-parity mode) keep SDPA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .metadata import AttentionMetadata, PrefillSlice
+
+
+def prefill_kernels(flat_keys: torch.Tensor, query: torch.Tensor):
+    """The native kernels when this layer's prefill chunks can take
+    prefill_attention.c: a contiguous bf16 CPU cache, fp32 queries whose heads are
+    contiguous per position, and a head size this build serves; else None."""
+    if (flat_keys.dtype != torch.bfloat16 or flat_keys.device.type != "cpu"
+            or not flat_keys.is_contiguous() or query.dtype != torch.float32
+            or query.stride(2) != 1 or query.stride(1) != query.shape[2]):
+        return None
+    from ..kernels import default_kernels
+    kernels = default_kernels()
+    if kernels is None or not kernels.library.prefill_attention_apply(query.shape[2]):
+        return None
+    return kernels
+
+
+def attend_chunk(kernels, query: torch.Tensor, flat_keys: torch.Tensor,
+                 flat_values: torch.Tensor, chunk: PrefillSlice, meta: AttentionMetadata,
+                 scale: float, output: torch.Tensor) -> None:
+    """output[chunk rows] = the chunk's causal attention over the cache (already
+    written). query, output [T, H, D] fp32 (output contiguous); flat_keys, flat_values
+    [slots, KVH, D] bf16. The context: chunk.kv_slots, whose last slot holds the
+    chunk's last position, or, when None, the chunk's own slots (it starts at 0).
+    Worked example: a chunk at positions 300..363 under a 256-token window has
+    kv_slots for positions 45..363 (319 slots), so first_key = 364 - 319 = 45."""
+    num_tokens = chunk.q_end - chunk.q_start
+    end = chunk.start + num_tokens
+    slots = chunk.kv_slots if chunk.kv_slots is not None \
+        else meta.slot_mapping[chunk.q_start:chunk.q_end]
+    slots = slots.contiguous()
+    heads, dim = query.shape[1], query.shape[2]
+    first_query = query[chunk.q_start]
+    status = kernels.library.prefill_attention_bf16(
+        first_query.data_ptr(), query.stride(0), flat_keys.data_ptr(), flat_values.data_ptr(),
+        slots.data_ptr(), slots.shape[0], end - slots.shape[0], chunk.start, num_tokens,
+        heads, flat_keys.shape[1], dim, meta.window or 0, scale,
+        output[chunk.q_start].data_ptr(), output.stride(0), kernels.num_threads)
+    if status:
+        raise RuntimeError(f"prefill_attention_bf16 failed ({status})")

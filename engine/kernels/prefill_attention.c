@@ -1,0 +1,316 @@
+/* Causal attention of one long prefill chunk over a bf16 cache, flash-attention
+ * style, on AVX512-BF16 dot products (vdpbf16ps).
+ *
+ * The chunk's n queries sit at positions start .. start + n - 1; its context is the
+ * num_keys cache slots slots[0 ..), holding positions first_key .. first_key +
+ * num_keys - 1 (first_key > 0 when a sliding window dropped the oldest). The query at
+ * position p sees the keys at positions k with k <= p, and k > p - window when
+ * window > 0. paged_attention.c reads a context once per query row, which suits
+ * decodes and short chunks; here a block of queries shares every key it loads.
+ *
+ * Two passes:
+ * 1. Pack each KV head's context (keys and values gathered from their slots) into the
+ *    layouts of the dot products, zero past num_keys:
+ *    keys   [KVH][keys / 16][D / 2][16] words: word (j, p, c) = (K[16 j + c][2 p],
+ *           K[16 j + c][2 p + 1]); one vdpbf16ps of a broadcast query word p with the
+ *           16 words (j, p, .) adds pair p's products to 16 keys' scores;
+ *    values [KVH][keys / 2][D] words: word (q, d) = (V[2 q][d], V[2 q + 1][d]); one
+ *           vdpbf16ps of a broadcast probability word (P[2 q], P[2 q + 1]) with 16 such
+ *           words adds two keys' weighted values to 16 output dimensions.
+ * 2. Work items of QUERY_BLOCK positions x one KV head; each runs micro tiles of
+ *    TILE_ROWS rows (a row: one position and one of the KV head's G query heads), over
+ *    key blocks of KEY_BLOCK with an online softmax (running max m, sum l, output O
+ *    rescaled by e^(m_old - m_new) whenever the max grows). Blocks wholly past a
+ *    tile's visible keys are never visited; blocks a tile only partly sees are masked.
+ *
+ * Precision: the query (times the scale) and the probabilities are carried as two
+ * bf16 halves, hi = bf16(x) and lo = bf16(x - hi), as attention_bf16.c does for
+ * decodes (~16 significant bits, two dot products a product); the keys and values are
+ * the cache's bf16. Sums, max and softmax are fp32. The result is within a few fp32
+ * ulps of fp32 attention over the same bf16 cache.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "vector_math.h"
+#include "worker_pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#define TILE_ROWS 8
+#define KEY_BLOCK 32
+#define QUERY_BLOCK 16
+#define MAX_DIM 256
+
+int prefill_attention_apply(int64_t dim) { return dim % 32 == 0 && dim <= MAX_DIM; }
+
+typedef struct {
+    const float *q;
+    int64_t q_stride;                 /* floats from one position's queries to the next's */
+    const uint16_t *keys, *values;    /* flat bf16 caches [slots, KVH, D] */
+    const int64_t *slots;
+    int64_t num_keys, first_key, start, n, heads, kv_heads, dim, window;
+    float scale;
+    int64_t padded;                   /* num_keys rounded up to KEY_BLOCK */
+    uint32_t *packed_keys, *packed_values;
+    float *out;
+    int64_t out_stride;
+    struct Tile *tiles;               /* one per part */
+    WorkRanges *items;
+} PrefillJob;
+
+static inline __m512bh broadcast_word(uint32_t word) {
+    return (__m512bh)_mm512_set1_epi32((int)word);
+}
+
+/* Pass 1, one item: KEY_BLOCK keys (block b) of KV head g, keys and values. */
+static void pack_block(const PrefillJob *job, int64_t g, int64_t b) {
+    const int64_t dim = job->dim, pairs = dim / 2, record = job->kv_heads * dim;
+    uint32_t *keys = job->packed_keys + (g * (job->padded / 16) + b * (KEY_BLOCK / 16)) * pairs * 16;
+    uint32_t *values = job->packed_values + (g * (job->padded / 2) + b * (KEY_BLOCK / 2)) * dim;
+    for (int64_t c = 0; c < KEY_BLOCK; c++) {
+        const int64_t key = b * KEY_BLOCK + c;
+        uint32_t *column = keys + (c / 16) * pairs * 16 + c % 16;
+        if (key >= job->num_keys) {
+            for (int64_t p = 0; p < pairs; p++) column[p * 16] = 0;
+            continue;
+        }
+        const uint16_t *key_row = job->keys + job->slots[key] * record + g * dim;
+        for (int64_t p = 0; p < pairs; p++) memcpy(column + p * 16, key_row + 2 * p, 4);
+    }
+    static const uint16_t zeros[MAX_DIM];
+    for (int64_t q = 0; q < KEY_BLOCK / 2; q++) {
+        const int64_t key = b * KEY_BLOCK + 2 * q;
+        const uint16_t *even = key < job->num_keys
+            ? job->values + job->slots[key] * record + g * dim : zeros;
+        const uint16_t *odd = key + 1 < job->num_keys
+            ? job->values + job->slots[key + 1] * record + g * dim : zeros;
+        for (int64_t d = 0; d < dim; d += 16) {
+            const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(even + d)));
+            const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(odd + d)));
+            _mm512_storeu_si512((void *)(values + q * dim + d),
+                                _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+        }
+    }
+}
+
+static void pack_part(const void *arg, int part, int parts) {
+    const PrefillJob *job = arg;
+    const int64_t blocks = job->padded / KEY_BLOCK, items = job->kv_heads * blocks;
+    for (int64_t i = items * part / parts; i < items * (part + 1) / parts; i++)
+        pack_block(job, i / blocks, i % blocks);
+}
+
+/* One micro tile's running state: rows' query halves, softmax state and output. */
+typedef struct Tile {
+    _Alignas(64) uint32_t q_hi[TILE_ROWS][MAX_DIM / 2];   /* bf16 pairs, as words */
+    _Alignas(64) uint32_t q_lo[TILE_ROWS][MAX_DIM / 2];
+    _Alignas(64) float o[TILE_ROWS][MAX_DIM];
+    _Alignas(64) uint32_t p_hi[TILE_ROWS][KEY_BLOCK / 2];
+    _Alignas(64) uint32_t p_lo[TILE_ROWS][KEY_BLOCK / 2];
+    __m512 l[TILE_ROWS];                        /* per-lane partial sums of e^(s - m) */
+    _Alignas(64) float m[TILE_ROWS], alpha[16];
+    int64_t first[TILE_ROWS], last[TILE_ROWS];  /* visible key indices, inclusive */
+} Tile;
+
+/* scores [TILE_ROWS][2] (32 keys from key index kb) = q . k for every row. */
+static inline __attribute__((always_inline)) void tile_scores(
+        const PrefillJob *job, const Tile *tile, const uint32_t *keys, __m512 s[TILE_ROWS][2]) {
+    const int64_t pairs = job->dim / 2;
+    for (int r = 0; r < TILE_ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512((const void *)(keys + p * 16));
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512((const void *)(keys + (pairs + p) * 16));
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const __m512bh hi = broadcast_word(tile->q_hi[r][p]);
+            const __m512bh lo = broadcast_word(tile->q_lo[r][p]);
+            s[r][0] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[r][0], hi, k0), lo, k0);
+            s[r][1] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[r][1], hi, k1), lo, k1);
+        }
+    }
+}
+
+/* Online softmax over one block: masks what a row may not see, updates m and l,
+ * leaves the rescale of O in alpha and the probabilities' halves in p_hi / p_lo.
+ * The rows' rescales come from one vector exp; l is kept per lane (16 partial sums a
+ * row, added up at the end). */
+static inline void tile_softmax(Tile *tile, __m512 s[TILE_ROWS][2], int64_t kb, int masked) {
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _Alignas(64) float top[16], before[16];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        if (masked) {
+            for (int h = 0; h < 2; h++) {
+                const __m512i index = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(kb + 16 * h)));
+                const __mmask16 seen =
+                    _mm512_cmpge_epi32_mask(index, _mm512_set1_epi32((int)tile->first[r])) &
+                    _mm512_cmple_epi32_mask(index, _mm512_set1_epi32((int)tile->last[r]));
+                s[r][h] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, s[r][h]);
+            }
+        }
+        const float peak = _mm512_reduce_max_ps(_mm512_max_ps(s[r][0], s[r][1]));
+        before[r] = tile->m[r];
+        top[r] = peak > tile->m[r] ? peak : tile->m[r];
+        tile->m[r] = top[r];
+    }
+    const __mmask16 rows = (__mmask16)((1u << TILE_ROWS) - 1u);
+    _mm512_mask_storeu_ps(tile->alpha, rows, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(rows, before),
+                                                                  _mm512_maskz_loadu_ps(rows, top))));
+    for (int r = 0; r < TILE_ROWS; r++) {
+        const __m512 p0 = exp16(_mm512_sub_ps(s[r][0], _mm512_set1_ps(top[r])));
+        const __m512 p1 = exp16(_mm512_sub_ps(s[r][1], _mm512_set1_ps(top[r])));
+        tile->l[r] = _mm512_fmadd_ps(tile->l[r], _mm512_set1_ps(tile->alpha[r]), _mm512_add_ps(p0, p1));
+        const __m256bh hi0 = _mm512_cvtneps_pbh(p0), hi1 = _mm512_cvtneps_pbh(p1);
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi0), 16));
+        const __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi1), 16));
+        _mm256_storeu_si256((__m256i *)tile->p_hi[r], (__m256i)hi0);
+        _mm256_storeu_si256((__m256i *)(tile->p_hi[r] + 8), (__m256i)hi1);
+        _mm256_storeu_si256((__m256i *)tile->p_lo[r], (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p0, w0)));
+        _mm256_storeu_si256((__m256i *)(tile->p_lo[r] + 8), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p1, w1)));
+    }
+}
+
+/* O[rows r0 .. r0 + 4)[dims 16 c0 .. + 16 vecs] = alpha O + P V over the block's 16 key
+ * pairs; values: the block's first packed pair. */
+static inline __attribute__((always_inline)) void tile_weigh(
+        Tile *tile, const uint32_t *values, int64_t dim, int r0, int64_t c0, const int vecs) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < vecs; v++)
+            acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(tile->o[r0 + r] + 16 * (c0 + v)),
+                                      _mm512_set1_ps(tile->alpha[r0 + r]));
+    for (int q = 0; q < KEY_BLOCK / 2; q++) {
+        __m512bh v[4];
+        for (int i = 0; i < vecs; i++)
+            v[i] = (__m512bh)_mm512_loadu_si512((const void *)(values + q * dim + 16 * (c0 + i)));
+        for (int r = 0; r < 4; r++) {
+            const __m512bh hi = broadcast_word(tile->p_hi[r0 + r][q]);
+            const __m512bh lo = broadcast_word(tile->p_lo[r0 + r][q]);
+            for (int i = 0; i < vecs; i++)
+                acc[r][i] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][i], hi, v[i]), lo, v[i]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < vecs; v++)
+            _mm512_storeu_ps(tile->o[r0 + r] + 16 * (c0 + v), acc[r][v]);
+}
+
+/* Rows [row, row + count) of work item (g, positions from i0): row r is position
+ * i0 + r / G, query head g G + r % G; rows past count repeat the last (not stored). */
+static void attend_tile(const PrefillJob *job, Tile *tile, int64_t g, int64_t i0, int64_t row,
+                        int64_t count) {
+    const int64_t group = job->heads / job->kv_heads, dim = job->dim;
+    int64_t lowest = INT64_MAX, highest = 0, narrowest_first = 0, earliest_last = INT64_MAX;
+    for (int r = 0; r < TILE_ROWS; r++) {
+        const int64_t k = row + (r < count ? r : count - 1), i = i0 + k / group;
+        const float *q = job->q + i * job->q_stride + (g * group + k % group) * dim;
+        for (int64_t d = 0; d < dim; d += 16) {
+            const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_set1_ps(job->scale));
+            const __m256bh hi = _mm512_cvtneps_pbh(x);
+            const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16));
+            _mm256_storeu_si256((__m256i *)(tile->q_hi[r] + d / 2), (__m256i)hi);
+            _mm256_storeu_si256((__m256i *)(tile->q_lo[r] + d / 2),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, wide)));
+            _mm512_storeu_ps(tile->o[r] + d, _mm512_setzero_ps());
+        }
+        const int64_t position = job->start + i;
+        tile->last[r] = position - job->first_key;
+        tile->first[r] = job->window > 0 && position - job->window + 1 > job->first_key
+            ? position - job->window + 1 - job->first_key : 0;
+        tile->m[r] = -1e30f;
+        tile->l[r] = _mm512_setzero_ps();
+        lowest = tile->first[r] < lowest ? tile->first[r] : lowest;
+        highest = tile->last[r] > highest ? tile->last[r] : highest;
+        narrowest_first = tile->first[r] > narrowest_first ? tile->first[r] : narrowest_first;
+        earliest_last = tile->last[r] < earliest_last ? tile->last[r] : earliest_last;
+    }
+    const int64_t pairs = dim / 2, vectors = dim / 16;
+    for (int64_t kb = lowest / KEY_BLOCK * KEY_BLOCK; kb <= highest; kb += KEY_BLOCK) {
+        __m512 s[TILE_ROWS][2];
+        tile_scores(job, tile, job->packed_keys + (g * (job->padded / 16) + kb / 16) * pairs * 16, s);
+        tile_softmax(tile, s, kb, kb < narrowest_first || kb + KEY_BLOCK - 1 > earliest_last);
+        const uint32_t *values = job->packed_values + (g * (job->padded / 2) + kb / 2) * dim;
+        for (int r0 = 0; r0 < TILE_ROWS; r0 += 4)
+            for (int64_t c0 = 0; c0 < vectors; c0 += 4) {
+                if (vectors - c0 >= 4) tile_weigh(tile, values, dim, r0, c0, 4);
+                else tile_weigh(tile, values, dim, r0, c0, 2);    /* dim % 32 == 0 */
+            }
+    }
+    for (int r = 0; r < count; r++) {
+        const int64_t k = row + r, i = i0 + k / group;
+        float *out = job->out + i * job->out_stride + (g * group + k % group) * dim;
+        const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(tile->l[r]));
+        for (int64_t d = 0; d < dim; d += 16)
+            _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(tile->o[r] + d), inverse));
+    }
+}
+
+static void attend_part(const void *arg, int part, int parts) {
+    (void)parts;
+    const PrefillJob *job = arg;
+    const int64_t blocks = (job->n + QUERY_BLOCK - 1) / QUERY_BLOCK;
+    const int64_t group = job->heads / job->kv_heads;
+    Tile *tile = job->tiles + part;
+    int64_t limit, item;
+    while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
+        const int64_t g = item / blocks, i0 = (item % blocks) * QUERY_BLOCK;
+        const int64_t positions = job->n - i0 < QUERY_BLOCK ? job->n - i0 : QUERY_BLOCK;
+        for (int64_t row = 0; row < positions * group; row += TILE_ROWS)
+                attend_tile(job, tile, g, i0, row,
+                        positions * group - row < TILE_ROWS ? positions * group - row : TILE_ROWS);
+    }
+}
+
+/* out[i] (heads x dim floats, out_stride apart) = attention of the queries q[i] (heads
+ * x dim floats, q_stride apart), position start + i, over the chunk's context.
+ * Returns 0; 1 bad shapes; 2 out of memory; 3 a query outside the context. */
+int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
+                           const uint16_t *values, const int64_t *slots, int64_t num_keys,
+                           int64_t first_key, int64_t start, int64_t n, int64_t heads,
+                           int64_t kv_heads, int64_t dim, int64_t window, float scale,
+                           float *out, int64_t out_stride, int num_threads) {
+    if (n <= 0) return 0;
+    if (kv_heads <= 0 || heads % kv_heads || !prefill_attention_apply(dim) || num_keys <= 0
+        || num_keys > INT32_MAX - 2 * KEY_BLOCK) return 1;
+    if (start < first_key || start + n - first_key > num_keys) return 3;
+    const int parts = num_threads < 1 ? 1 : num_threads;
+    const int64_t padded = (num_keys + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    const size_t words = (size_t)(kv_heads * padded * dim / 2);
+    uint32_t *packed = aligned_alloc(64, (2 * words * sizeof(uint32_t) + 63) / 64 * 64);
+    Tile *tiles = aligned_alloc(64, parts * sizeof(Tile));
+    if (!packed || !tiles) {
+        free(packed);
+        free(tiles);
+        return 2;
+    }
+    WorkRanges items;
+    work_ranges_init(&items, kv_heads * ((n + QUERY_BLOCK - 1) / QUERY_BLOCK), parts);
+    PrefillJob job = {q, q_stride, keys, values, slots, num_keys, first_key, start, n, heads,
+                      kv_heads, dim, window, scale, padded, packed, packed + words, out,
+                      out_stride, tiles, &items};
+    run_parallel(pack_part, &job, parts);
+    run_parallel(attend_part, &job, parts);
+    free(packed);
+    free(tiles);
+    return 0;
+}
+
+#else
+
+int prefill_attention_apply(int64_t dim) { (void)dim; return 0; }
+
+int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
+                           const uint16_t *values, const int64_t *slots, int64_t num_keys,
+                           int64_t first_key, int64_t start, int64_t n, int64_t heads,
+                           int64_t kv_heads, int64_t dim, int64_t window, float scale,
+                           float *out, int64_t out_stride, int num_threads) {
+    (void)q; (void)q_stride; (void)keys; (void)values; (void)slots; (void)num_keys;
+    (void)first_key; (void)start; (void)n; (void)heads; (void)kv_heads; (void)dim;
+    (void)window; (void)scale; (void)out; (void)out_stride; (void)num_threads;
+    return 1;
+}
+
+#endif
