@@ -4,10 +4,10 @@
 SDPA on the CPU computes a chunk in fp32 over fp32 copies of its keys and values
 (gathered from the pages and widened first when the chunk does not start at 0); the
 kernel reads the bf16 cache where it lies, shares each key block between a tile of
-queries, and multiplies on AVX512-BF16 dot products, carrying the queries and
-probabilities in two bf16 halves so the result stays within a few fp32 ulps of fp32
-attention over the same cache. Measured per layer of the default model (9 heads of
-64, 2 threads): see docs/benchmarks.md ("Long prompts").
+queries, and multiplies bf16 queries and probabilities with the cache's bf16 keys and
+values on AVX512-BF16 dot products (fp32 sums and softmax). Measured (default model,
+2 threads) in docs/benchmarks.md ("Long prompts"): faster prefill, and logits as close
+to fp32's as SDPA's were.
 
 Chunks short enough for the per-row queries of paged_attention.c never get here
 (batch.STEP_QUERY_MAX_PAIRS); fp32 caches (the exact-parity mode) keep SDPA.

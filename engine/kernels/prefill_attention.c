@@ -23,11 +23,13 @@
  *    rescaled by e^(m_old - m_new) whenever the max grows). Blocks wholly past a
  *    tile's visible keys are never visited; blocks a tile only partly sees are masked.
  *
- * Precision: the query (times the scale) and the probabilities are carried as two
- * bf16 halves, hi = bf16(x) and lo = bf16(x - hi), as attention_bf16.c does for
- * decodes (~16 significant bits, two dot products a product); the keys and values are
- * the cache's bf16. Sums, max and softmax are fp32. The result is within a few fp32
- * ulps of fp32 attention over the same bf16 cache.
+ * Precision: the query (times the scale) and each block's probabilities are rounded
+ * to bf16 once, as flash attention does on GPUs; the keys and values are the cache's
+ * bf16; products are exact, sums, max and softmax fp32 (relative error ~3e-3 against
+ * fp32 attention over the same cache). attention_bf16.c carries its decode queries in
+ * two bf16 halves instead, which costs nothing there (decodes wait on memory); here
+ * it doubled the dot products (2,000 tokens: 52 against 35 ms on one thread) and the
+ * default model's logits came out no closer to fp32's (docs/benchmarks.md).
  */
 #include <math.h>
 #include <stdint.h>
@@ -105,13 +107,11 @@ static void pack_part(const void *arg, int part, int parts) {
         pack_block(job, i / blocks, i % blocks);
 }
 
-/* One micro tile's running state: rows' query halves, softmax state and output. */
+/* One micro tile's running state: rows' queries, softmax state and output. */
 typedef struct Tile {
-    _Alignas(64) uint32_t q_hi[TILE_ROWS][MAX_DIM / 2];   /* bf16 pairs, as words */
-    _Alignas(64) uint32_t q_lo[TILE_ROWS][MAX_DIM / 2];
+    _Alignas(64) uint32_t q[TILE_ROWS][MAX_DIM / 2];     /* bf16 pairs, as words */
     _Alignas(64) float o[TILE_ROWS][MAX_DIM];
-    _Alignas(64) uint32_t p_hi[TILE_ROWS][KEY_BLOCK / 2];
-    _Alignas(64) uint32_t p_lo[TILE_ROWS][KEY_BLOCK / 2];
+    _Alignas(64) uint32_t p[TILE_ROWS][KEY_BLOCK / 2];   /* the block's probabilities */
     __m512 l[TILE_ROWS];                        /* per-lane partial sums of e^(s - m) */
     _Alignas(64) float m[TILE_ROWS], alpha[16];
     int64_t first[TILE_ROWS], last[TILE_ROWS];  /* visible key indices, inclusive */
@@ -126,16 +126,15 @@ static inline __attribute__((always_inline)) void tile_scores(
         const __m512bh k0 = (__m512bh)_mm512_loadu_si512((const void *)(keys + p * 16));
         const __m512bh k1 = (__m512bh)_mm512_loadu_si512((const void *)(keys + (pairs + p) * 16));
         for (int r = 0; r < TILE_ROWS; r++) {
-            const __m512bh hi = broadcast_word(tile->q_hi[r][p]);
-            const __m512bh lo = broadcast_word(tile->q_lo[r][p]);
-            s[r][0] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[r][0], hi, k0), lo, k0);
-            s[r][1] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[r][1], hi, k1), lo, k1);
+            const __m512bh q = broadcast_word(tile->q[r][p]);
+            s[r][0] = _mm512_dpbf16_ps(s[r][0], q, k0);
+            s[r][1] = _mm512_dpbf16_ps(s[r][1], q, k1);
         }
     }
 }
 
 /* Online softmax over one block: masks what a row may not see, updates m and l,
- * leaves the rescale of O in alpha and the probabilities' halves in p_hi / p_lo.
+ * leaves the rescale of O in alpha and the probabilities, in bf16, in p.
  * The rows' rescales come from one vector exp; l is kept per lane (16 partial sums a
  * row, added up at the end). */
 static inline void tile_softmax(Tile *tile, __m512 s[TILE_ROWS][2], int64_t kb, int masked) {
@@ -163,13 +162,8 @@ static inline void tile_softmax(Tile *tile, __m512 s[TILE_ROWS][2], int64_t kb, 
         const __m512 p0 = exp16(_mm512_sub_ps(s[r][0], _mm512_set1_ps(top[r])));
         const __m512 p1 = exp16(_mm512_sub_ps(s[r][1], _mm512_set1_ps(top[r])));
         tile->l[r] = _mm512_fmadd_ps(tile->l[r], _mm512_set1_ps(tile->alpha[r]), _mm512_add_ps(p0, p1));
-        const __m256bh hi0 = _mm512_cvtneps_pbh(p0), hi1 = _mm512_cvtneps_pbh(p1);
-        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi0), 16));
-        const __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi1), 16));
-        _mm256_storeu_si256((__m256i *)tile->p_hi[r], (__m256i)hi0);
-        _mm256_storeu_si256((__m256i *)(tile->p_hi[r] + 8), (__m256i)hi1);
-        _mm256_storeu_si256((__m256i *)tile->p_lo[r], (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p0, w0)));
-        _mm256_storeu_si256((__m256i *)(tile->p_lo[r] + 8), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p1, w1)));
+        _mm256_storeu_si256((__m256i *)tile->p[r], (__m256i)_mm512_cvtneps_pbh(p0));
+        _mm256_storeu_si256((__m256i *)(tile->p[r] + 8), (__m256i)_mm512_cvtneps_pbh(p1));
     }
 }
 
@@ -187,10 +181,8 @@ static inline __attribute__((always_inline)) void tile_weigh(
         for (int i = 0; i < vecs; i++)
             v[i] = (__m512bh)_mm512_loadu_si512((const void *)(values + q * dim + 16 * (c0 + i)));
         for (int r = 0; r < 4; r++) {
-            const __m512bh hi = broadcast_word(tile->p_hi[r0 + r][q]);
-            const __m512bh lo = broadcast_word(tile->p_lo[r0 + r][q]);
-            for (int i = 0; i < vecs; i++)
-                acc[r][i] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][i], hi, v[i]), lo, v[i]);
+            const __m512bh p = broadcast_word(tile->p[r0 + r][q]);
+            for (int i = 0; i < vecs; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], p, v[i]);
         }
     }
     for (int r = 0; r < 4; r++)
@@ -209,11 +201,7 @@ static void attend_tile(const PrefillJob *job, Tile *tile, int64_t g, int64_t i0
         const float *q = job->q + i * job->q_stride + (g * group + k % group) * dim;
         for (int64_t d = 0; d < dim; d += 16) {
             const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_set1_ps(job->scale));
-            const __m256bh hi = _mm512_cvtneps_pbh(x);
-            const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16));
-            _mm256_storeu_si256((__m256i *)(tile->q_hi[r] + d / 2), (__m256i)hi);
-            _mm256_storeu_si256((__m256i *)(tile->q_lo[r] + d / 2),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, wide)));
+            _mm256_storeu_si256((__m256i *)(tile->q[r] + d / 2), (__m256i)_mm512_cvtneps_pbh(x));
             _mm512_storeu_ps(tile->o[r] + d, _mm512_setzero_ps());
         }
         const int64_t position = job->start + i;

@@ -75,7 +75,10 @@ def test_kernel_matches_float64_attention_over_the_cache(n, start, heads, kv_hea
     attend_chunk(kernels, query, keys, values, chunk, meta, scale, output)
     want = _reference(query[2:2 + n], keys, values, slots, first_key, start, window, scale)
     got = output[2:2 + n].double()
-    assert (got - want).abs().max() <= 2e-5 * want.abs().max()
+    # bf16 queries and probabilities: ~3e-3 of the largest output; a wrong mask, a
+    # lost key block or a stale rescale is off by 0.1 or more
+    assert (got - want).abs().max() <= 1.5e-2 * want.abs().max()
+    assert (got - want).norm() <= 5e-3 * want.norm()
     assert output[:2].isnan().all() and output[2 + n:].isnan().all()   # other rows untouched
 
 
