@@ -20,13 +20,14 @@ import torch
 from .metadata import AttentionMetadata, PrefillSlice
 
 
-def prefill_kernels(flat_keys: torch.Tensor, query: torch.Tensor):
+def prefill_kernels(flat_keys: torch.Tensor, flat_values: torch.Tensor, query: torch.Tensor):
     """The native kernels when this layer's prefill chunks can take
-    prefill_attention.c: a contiguous bf16 CPU cache, fp32 queries whose heads are
+    prefill_attention.c: contiguous bf16 CPU caches, fp32 queries whose heads are
     contiguous per position, and a head size this build serves; else None."""
-    if (flat_keys.dtype != torch.bfloat16 or flat_keys.device.type != "cpu"
-            or not flat_keys.is_contiguous() or query.dtype != torch.float32
-            or query.stride(2) != 1 or query.stride(1) != query.shape[2]):
+    if (any(cache.dtype != torch.bfloat16 or cache.device.type != "cpu"
+            or not cache.is_contiguous() for cache in (flat_keys, flat_values))
+            or query.dtype != torch.float32 or query.stride(2) != 1
+            or query.stride(1) != query.shape[2]):
         return None
     from ..kernels import default_kernels
     kernels = default_kernels()
@@ -46,6 +47,8 @@ def attend_chunk(kernels, query: torch.Tensor, flat_keys: torch.Tensor,
     kv_slots for positions 45..363 (319 slots), so first_key = 364 - 319 = 45."""
     num_tokens = chunk.q_end - chunk.q_start
     end = chunk.start + num_tokens
+    if chunk.kv_slots is None and chunk.start != 0:
+        raise ValueError("a prefill chunk past position 0 needs its context's kv_slots")
     slots = chunk.kv_slots if chunk.kv_slots is not None \
         else meta.slot_mapping[chunk.q_start:chunk.q_end]
     slots = slots.contiguous()
@@ -53,8 +56,10 @@ def attend_chunk(kernels, query: torch.Tensor, flat_keys: torch.Tensor,
     first_query = query[chunk.q_start]
     status = kernels.library.prefill_attention_bf16(
         first_query.data_ptr(), query.stride(0), flat_keys.data_ptr(), flat_values.data_ptr(),
-        slots.data_ptr(), slots.shape[0], end - slots.shape[0], chunk.start, num_tokens,
-        heads, flat_keys.shape[1], dim, meta.window or 0, scale,
+        slots.data_ptr(), slots.shape[0], flat_keys.shape[0], end - slots.shape[0],
+        chunk.start, num_tokens, heads, flat_keys.shape[1], dim, meta.window or 0, scale,
         output[chunk.q_start].data_ptr(), output.stride(0), kernels.num_threads)
     if status:
-        raise RuntimeError(f"prefill_attention_bf16 failed ({status})")
+        reason = {3: "a query outside its context", 4: "a context slot outside the cache"}
+        raise RuntimeError(f"prefill_attention_bf16 failed ({status}: "
+                           f"{reason.get(status, 'shapes or memory')})")

@@ -74,7 +74,7 @@ class TorchPagedAttention:
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D]
         if meta.decode_rows is not None:
             output[meta.decode_rows] = self._decode(query, flat_keys, flat_values, meta, scale)
-        prefill = prefill_kernels(flat_keys, query) if meta.prefills else None
+        prefill = prefill_kernels(flat_keys, flat_values, query) if meta.prefills else None
         for chunk in meta.prefills:
             if prefill is not None:
                 attend_chunk(prefill, query, flat_keys, flat_values, chunk, meta, scale, output)

@@ -25,7 +25,7 @@ SIGNATURES = {
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsi",
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i",
     "bf16_decoder_stack": "psppspppppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
-    "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppssssssssfpsi",
+    "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
 
 

@@ -25,11 +25,14 @@
  *
  * Precision: the query (times the scale) and each block's probabilities are rounded
  * to bf16 once, as flash attention does on GPUs; the keys and values are the cache's
- * bf16; products are exact, sums, max and softmax fp32 (relative error ~3e-3 against
- * fp32 attention over the same cache). attention_bf16.c carries its decode queries in
- * two bf16 halves instead, which costs nothing there (decodes wait on memory); here
- * it doubled the dot products (2,000 tokens: 52 against 35 ms on one thread) and the
- * default model's logits came out no closer to fp32's (docs/benchmarks.md).
+ * bf16; products are exact, sums, max and softmax fp32. Against fp32 attention over
+ * the same cache the error is ~3e-3 of the output for scores of order 1 and grows
+ * with their spread (~2.5e-2 at a standard deviation of 30), as the error the cache's
+ * own rounding of K puts in the scores does. attention_bf16.c carries its decode
+ * queries in two bf16 halves instead, which costs nothing there (decodes wait on
+ * memory); here it doubled the dot products (2,000 tokens: 52 against 35 ms on one
+ * thread) and the default model's logits came out no closer to fp32's
+ * (docs/benchmarks.md).
  */
 #include <math.h>
 #include <stdint.h>
@@ -254,16 +257,20 @@ static void attend_part(const void *arg, int part, int parts) {
 
 /* out[i] (heads x dim floats, out_stride apart) = attention of the queries q[i] (heads
  * x dim floats, q_stride apart), position start + i, over the chunk's context.
- * Returns 0; 1 bad shapes; 2 out of memory; 3 a query outside the context. */
+ * slots index the flat caches' num_slots slots. Returns 0; 1 bad shapes; 2 out of
+ * memory; 3 a query outside the context; 4 a slot outside the cache. */
 int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
                            const uint16_t *values, const int64_t *slots, int64_t num_keys,
-                           int64_t first_key, int64_t start, int64_t n, int64_t heads,
+                           int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
+                           int64_t heads,
                            int64_t kv_heads, int64_t dim, int64_t window, float scale,
                            float *out, int64_t out_stride, int num_threads) {
     if (n <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || !prefill_attention_apply(dim) || num_keys <= 0
         || num_keys > INT32_MAX - 2 * KEY_BLOCK) return 1;
     if (start < first_key || start + n - first_key > num_keys) return 3;
+    for (int64_t j = 0; j < num_keys; j++)
+        if (slots[j] < 0 || slots[j] >= num_slots) return 4;
     const int parts = num_threads < 1 ? 1 : num_threads;
     const int64_t padded = (num_keys + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
     const size_t words = (size_t)(kv_heads * padded * dim / 2);
@@ -292,11 +299,12 @@ int prefill_attention_apply(int64_t dim) { (void)dim; return 0; }
 
 int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
                            const uint16_t *values, const int64_t *slots, int64_t num_keys,
-                           int64_t first_key, int64_t start, int64_t n, int64_t heads,
+                           int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
+                           int64_t heads,
                            int64_t kv_heads, int64_t dim, int64_t window, float scale,
                            float *out, int64_t out_stride, int num_threads) {
     (void)q; (void)q_stride; (void)keys; (void)values; (void)slots; (void)num_keys;
-    (void)first_key; (void)start; (void)n; (void)heads; (void)kv_heads; (void)dim;
+    (void)num_slots; (void)first_key; (void)start; (void)n; (void)heads; (void)kv_heads; (void)dim;
     (void)window; (void)scale; (void)out; (void)out_stride; (void)num_threads;
     return 1;
 }

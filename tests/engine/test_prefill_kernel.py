@@ -17,7 +17,7 @@ from engine.attention.native_prefill import attend_chunk, prefill_kernels
 from engine.kernels import default_kernels
 
 kernels = default_kernels()
-pytestmark = pytest.mark.skipif(
+needs_kernel = pytest.mark.skipif(
     kernels is None or not kernels.library.prefill_attention_apply(64),
     reason="needs the native kernels built with AVX512-BF16")
 
@@ -49,11 +49,13 @@ CASES = [  # n, start, heads, kv_heads, dim, window
     (33, 5, 6, 2, 96, 0),           # a head of three 32-wide pieces
     (130, 0, 3, 3, 64, 31),         # a window that is no multiple of the key block
     (17, 400, 8, 8, 64, 100),
+    (30, 0, 4, 2, 64, 40),          # a window the chunk fits in: its own slots, no kv_slots
 ]
 
 
-@pytest.mark.parametrize("n,start,heads,kv_heads,dim,window", CASES)
-def test_kernel_matches_float64_attention_over_the_cache(n, start, heads, kv_heads, dim, window):
+def _case(n, start, heads, kv_heads, dim, window):
+    """Caches, queries, chunk and metadata as a step hands them to attend_chunk; the
+    chunk at rows 2 .. 2 + n of a step with rows of other requests around it."""
     generator = torch.Generator().manual_seed(n * 7 + start)
     end = start + n
     first_key = max(0, start - window + 1) if window else 0
@@ -64,15 +66,29 @@ def test_kernel_matches_float64_attention_over_the_cache(n, start, heads, kv_hea
     # queries as the layer hands them over: the q part of fused qkv rows (strided)
     qkv = 3 * torch.randn(n + 3, (heads + 2 * kv_heads) * dim, generator=generator)
     query = qkv[:, :heads * dim].view(n + 3, heads, dim)
-    output = torch.full((n + 3, heads, dim), float("nan"))
-    chunk = PrefillSlice(2, 2 + n, start, slots if (start or window) else None, None)
-    # the step's slots: rows 0-1 and the 3 after the chunk belong to other requests
+    own_slots = start == 0 and (not window or n <= window)     # as batch._prefill_slice
+    chunk = PrefillSlice(2, 2 + n, start, None if own_slots else slots, None)
     step_slots = torch.cat([torch.tensor([0, 1]), slots, torch.tensor([2, 3, 4])]) \
-        if chunk.kv_slots is None else torch.zeros(n + 5, dtype=torch.long)
+        if own_slots else torch.zeros(n + 5, dtype=torch.long)
     meta = SimpleNamespace(slot_mapping=step_slots, window=window or None)
-    scale = dim ** -0.5
-    assert prefill_kernels(keys, query) is kernels
+    return keys, values, slots, first_key, query, chunk, meta
+
+
+def _attend(case, scale):
+    keys, values, _, _, query, chunk, meta = case
+    output = torch.full(query.shape, float("nan"))
     attend_chunk(kernels, query, keys, values, chunk, meta, scale, output)
+    return output
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,start,heads,kv_heads,dim,window", CASES)
+def test_kernel_matches_float64_attention_over_the_cache(n, start, heads, kv_heads, dim, window):
+    case = _case(n, start, heads, kv_heads, dim, window)
+    keys, values, slots, first_key, query, _, _ = case
+    scale = dim ** -0.5
+    assert prefill_kernels(keys, values, query) is kernels
+    output = _attend(case, scale)
     want = _reference(query[2:2 + n], keys, values, slots, first_key, start, window, scale)
     got = output[2:2 + n].double()
     # bf16 queries and probabilities: ~3e-3 of the largest output; a wrong mask, a
@@ -82,13 +98,41 @@ def test_kernel_matches_float64_attention_over_the_cache(n, start, heads, kv_hea
     assert output[:2].isnan().all() and output[2 + n:].isnan().all()   # other rows untouched
 
 
+@needs_kernel
+def test_any_split_between_threads_gives_the_same_bits():
+    """Each tile is one thread's from start to end: one part, three (more than the
+    cores), or torch's OpenMP team (large steps) give bit-identical outputs."""
+    case = _case(100, 27, 9, 3, 64, 0)
+    rows = slice(2, 102)                        # the chunk's (the others stay NaN)
+    default = _attend(case, 0.125)[rows]
+    saved = kernels.num_threads
+    try:
+        for parts in (1, 3):
+            kernels.num_threads = parts
+            assert torch.equal(_attend(case, 0.125)[rows], default)
+        kernels.set_torch_threaded(True)
+        assert torch.equal(_attend(case, 0.125)[rows], default)
+    finally:
+        kernels.set_torch_threaded(False)
+        kernels.num_threads = saved
+
+
+@needs_kernel
+def test_a_slot_outside_the_cache_is_refused():
+    keys, values, slots, _, query, chunk, meta = _case(40, 10, 4, 2, 64, 0)
+    slots[5] = keys.shape[0]
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        attend_chunk(kernels, query, keys, values, chunk, meta, 0.125, torch.empty(query.shape))
+
+
 def test_kernel_refuses_what_it_does_not_serve():
-    query = torch.randn(4, 2, 64)
-    assert prefill_kernels(torch.zeros(8, 1, 64), query) is None                   # fp32 cache
-    assert prefill_kernels(torch.zeros(8, 1, 48, dtype=torch.bfloat16),
-                           torch.randn(4, 2, 48)) is None                          # head of 48
-    assert prefill_kernels(torch.zeros(8, 1, 64, dtype=torch.bfloat16),
-                           query.to(torch.bfloat16)) is None                       # bf16 queries
+    """On any build: fp32 caches (the exact mode), head sizes it has no path for and
+    bf16 queries keep SDPA."""
+    query, cache = torch.randn(4, 2, 64), torch.zeros(8, 1, 64, dtype=torch.bfloat16)
+    assert prefill_kernels(cache.float(), cache.float(), query) is None             # fp32 cache
+    narrow = torch.zeros(8, 1, 48, dtype=torch.bfloat16)
+    assert prefill_kernels(narrow, narrow, torch.randn(4, 2, 48)) is None           # head of 48
+    assert prefill_kernels(cache, cache, query.to(torch.bfloat16)) is None          # bf16 queries
 
 
 def _save(path, family: str):
@@ -118,6 +162,7 @@ def _generate(model, prompts, **config):
     return [o.generated_tokens for o in outputs.values()]
 
 
+@needs_kernel
 def test_steps_through_the_kernel_match_the_sdpa_path(bf16_cache_model, monkeypatch):
     """Long prompts (past the per-row queries' bound), whole and in chunks that start
     after cached tokens (and, for Mistral, past its window): the kernel's logits and
