@@ -1,6 +1,7 @@
 """The machine's own limits, measured in the same run as a benchmark so throughput can
 be shown as a fraction of them: memory copy bandwidth and matmul speed at the model's
-shapes, per dtype."""
+shapes, per dtype; and, for reference, int8 x int8 -> int32 products (oneDNN's VNNI
+kernels through `torch._int_mm`), the compute ceiling a W8A8 path would have."""
 
 from __future__ import annotations
 
@@ -40,6 +41,23 @@ def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype) -> float:
     return 2 * m * k * n * reps / _best_seconds(run) / 1e9
 
 
+def int8_matmul_gops(m: int, k: int, n: int) -> float | None:
+    """Giga-ops/s (2 per multiply-add) of int8 x[m, k] @ w[k, n] with int32 sums, or
+    None where this torch has no CPU int8 matmul."""
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    w = torch.randint(-127, 128, (k, n), dtype=torch.int8)
+    reps = max(1, int(2e8 // (2 * m * k * n)))
+
+    def run():
+        for _ in range(reps):
+            torch._int_mm(x, w)
+
+    try:
+        return 2 * m * k * n * reps / _best_seconds(run) / 1e9
+    except (RuntimeError, AttributeError):
+        return None
+
+
 def measure(hidden_size: int, intermediate_size: int) -> dict:
     """Bandwidth and matmul speed at a decode-like (m=1) and a batched (m=64) shape."""
     limits = {"copy_bandwidth_gbs": round(copy_bandwidth_gbs(), 1), "threads": torch.get_num_threads()}
@@ -48,4 +66,7 @@ def measure(hidden_size: int, intermediate_size: int) -> dict:
         for m in (1, 64):
             limits[f"matmul_{name}_m{m}_gflops"] = round(
                 matmul_gflops(m, hidden_size, 2 * intermediate_size, dtype), 1)
+    int8 = int8_matmul_gops(64, hidden_size, 2 * intermediate_size)
+    if int8 is not None:
+        limits["matmul_int8_m64_gops"] = round(int8, 1)
     return limits
