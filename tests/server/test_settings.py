@@ -66,3 +66,14 @@ def test_main_exits_1_when_the_model_cannot_load(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     assert main(["--model", str(missing), "--log-level", "error"]) == 1
     assert "cannot load model" in capsys.readouterr().err
+
+
+def test_the_server_steps_2048_tokens_on_cpu_unless_told():
+    from server.app import CPU_MAX_BATCH_TOKENS, engine_config
+
+    default = parse_settings([], environ={})
+    assert engine_config(default, "cpu").max_batch_tokens == CPU_MAX_BATCH_TOKENS == 2048
+    assert engine_config(default, "cuda").max_batch_tokens is None      # the engine's 8192
+    told = parse_settings(["--max-batch-tokens", "4096"], environ={})
+    assert engine_config(told, "cpu").max_batch_tokens == 4096
+    assert all(engine_config(s, "cpu").per_request_processors for s in (default, told))
