@@ -43,13 +43,13 @@
 #include "vector_math.h"
 #include "worker_pool.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-
 #define TILE_ROWS 8
 #define KEY_BLOCK 32
 #define QUERY_BLOCK 16
 #define MAX_DIM 256
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
 
 int prefill_attention_apply(int64_t dim) { return dim % 32 == 0 && dim <= MAX_DIM; }
 
@@ -255,22 +255,29 @@ static void attend_part(const void *arg, int part, int parts) {
     }
 }
 
+#else
+
+int prefill_attention_apply(int64_t dim) { (void)dim; return 0; }
+
+#endif
+
 /* out[i] (heads x dim floats, out_stride apart) = attention of the queries q[i] (heads
  * x dim floats, q_stride apart), position start + i, over the chunk's context.
- * slots index the flat caches' num_slots slots. Returns 0; 1 bad shapes; 2 out of
- * memory; 3 a query outside the context; 4 a slot outside the cache. */
+ * slots index the flat caches' num_slots slots. Returns 0; 1 bad shapes (or no
+ * AVX512-BF16 in this build); 2 out of memory; 3 a query outside the context; 4 a
+ * slot outside the cache. */
 int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
                            const uint16_t *values, const int64_t *slots, int64_t num_keys,
                            int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
-                           int64_t heads,
-                           int64_t kv_heads, int64_t dim, int64_t window, float scale,
-                           float *out, int64_t out_stride, int num_threads) {
+                           int64_t heads, int64_t kv_heads, int64_t dim, int64_t window,
+                           float scale, float *out, int64_t out_stride, int num_threads) {
     if (n <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || !prefill_attention_apply(dim) || num_keys <= 0
         || num_keys > INT32_MAX - 2 * KEY_BLOCK) return 1;
     if (start < first_key || start + n - first_key > num_keys) return 3;
     for (int64_t j = 0; j < num_keys; j++)
         if (slots[j] < 0 || slots[j] >= num_slots) return 4;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
     const int parts = num_threads < 1 ? 1 : num_threads;
     const int64_t padded = (num_keys + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
     const size_t words = (size_t)(kv_heads * padded * dim / 2);
@@ -291,22 +298,9 @@ int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *key
     free(packed);
     free(tiles);
     return 0;
-}
-
 #else
-
-int prefill_attention_apply(int64_t dim) { (void)dim; return 0; }
-
-int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
-                           const uint16_t *values, const int64_t *slots, int64_t num_keys,
-                           int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
-                           int64_t heads,
-                           int64_t kv_heads, int64_t dim, int64_t window, float scale,
-                           float *out, int64_t out_stride, int num_threads) {
-    (void)q; (void)q_stride; (void)keys; (void)values; (void)slots; (void)num_keys;
-    (void)num_slots; (void)first_key; (void)start; (void)n; (void)heads; (void)kv_heads; (void)dim;
-    (void)window; (void)scale; (void)out; (void)out_stride; (void)num_threads;
+    (void)q; (void)q_stride; (void)keys; (void)values; (void)window; (void)scale; (void)out;
+    (void)out_stride; (void)num_threads;
     return 1;
-}
-
 #endif
+}
