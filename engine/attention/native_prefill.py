@@ -23,11 +23,13 @@ from .metadata import AttentionMetadata, PrefillSlice
 def prefill_kernels(flat_keys: torch.Tensor, flat_values: torch.Tensor, query: torch.Tensor):
     """The native kernels when this layer's prefill chunks can take
     prefill_attention.c: contiguous bf16 CPU caches, fp32 queries whose heads are
-    contiguous per position, and a head size this build serves; else None."""
-    if (any(cache.dtype != torch.bfloat16 or cache.device.type != "cpu"
-            or not cache.is_contiguous() for cache in (flat_keys, flat_values))
-            or query.dtype != torch.float32 or query.stride(2) != 1
-            or query.stride(1) != query.shape[2]):
+    contiguous per position, and a head size this build serves; else None (and
+    under torch.compile, which traces SDPA but not a ctypes call)."""
+    caches_fit = all(cache.dtype == torch.bfloat16 and cache.device.type == "cpu"
+                     and cache.is_contiguous() for cache in (flat_keys, flat_values))
+    query_fits = (query.dtype == torch.float32 and query.stride(2) == 1
+                  and query.stride(1) == query.shape[2])
+    if torch.compiler.is_compiling() or not (caches_fit and query_fits):
         return None
     from ..kernels import default_kernels
     kernels = default_kernels()

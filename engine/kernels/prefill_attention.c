@@ -249,9 +249,9 @@ static void attend_part(const void *arg, int part, int parts) {
     while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
         const int64_t g = item / blocks, i0 = (item % blocks) * QUERY_BLOCK;
         const int64_t positions = job->n - i0 < QUERY_BLOCK ? job->n - i0 : QUERY_BLOCK;
-        for (int64_t row = 0; row < positions * group; row += TILE_ROWS)
-                attend_tile(job, tile, g, i0, row,
-                        positions * group - row < TILE_ROWS ? positions * group - row : TILE_ROWS);
+        const int64_t rows = positions * group;
+        for (int64_t row = 0; row < rows; row += TILE_ROWS)
+            attend_tile(job, tile, g, i0, row, rows - row < TILE_ROWS ? rows - row : TILE_ROWS);
     }
 }
 
