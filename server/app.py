@@ -54,9 +54,9 @@ CPU_MAX_BATCH_TOKENS = 2048
 """Tokens per forward pass of a server on CPU when `max_batch_tokens` is not set (the
 engine's own default is 8192). One step holds every stream: on two cores a long
 prompt prefills at ~1,000 tokens a second, so a 3,034-token prompt arriving beside
-eight streams froze them for 3.04 s in one step; in steps of 2048 the longest gap
-was 1.76 s, the prompt's TTFT 3.06 -> 3.00 s, and c=32 / c=64 throughput unchanged
-(docs/benchmarks.md). GPUs prefill 8192 tokens in tens of milliseconds: the engine's
+eight streams froze them for 2.91 s in one step; in steps of 2048 the longest gap
+was 1.74 s, the prompt's TTFT 2.96 -> 3.01 s, and c=32 / c=64 throughput unchanged
+(`bench.stall`, docs/benchmarks.md). GPUs prefill 8192 tokens in tens of milliseconds: the engine's
 default stands there."""
 
 
