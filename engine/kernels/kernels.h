@@ -51,9 +51,8 @@ int prefill_attention_apply(int64_t dim);
 int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *keys,
                            const uint16_t *values, const int64_t *slots, int64_t num_keys,
                            int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
-                           int64_t heads,
-                           int64_t kv_heads, int64_t dim, int64_t window, float scale,
-                           float *out, int64_t out_stride, int num_threads);
+                           int64_t heads, int64_t kv_heads, int64_t dim, int64_t window,
+                           float scale, float *out, int64_t out_stride, int num_threads);
 
 /* attention_vectors.c: the AVX-512 passes of decode attention over one context range
  * (slots row[0 .. count)) of an fp32 or (kv_bf16) bf16 cache; attention_vectors_apply
