@@ -119,6 +119,11 @@ class BlockManager:
         request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
         if self.sliding_allocator is not None:   # (its pages would need copies too)
             return None
+        partial = self._last_full_page(request, len(cached))
+        if partial is not None:
+            request.num_computed_tokens += partial.num_tokens
+            request.num_cached_tokens = request.num_computed_tokens
+            return partial
         partial = find_partial_prefix(request, running, self.page_size)
         retained = None if not use_retained else self.retained_pages.find(
             request, request.block_hashes[len(cached) - 1] if cached else None,
@@ -131,6 +136,22 @@ class BlockManager:
             request.num_computed_tokens += partial.num_tokens
             request.num_cached_tokens = request.num_computed_tokens
         return partial
+
+    def _last_full_page(self, request: RequestState, page: int) -> PartialPrefix | None:
+        """A request whose tokens fill its pages exactly, all of them cached, gets every
+        page but the last from the cache (one token must be computed); that last page's
+        first page_size - 1 slots are copied from its cached block instead of computed.
+        The block is held from here until the copy (an unheld cached block could
+        otherwise be evicted by the request's own allocation first)."""
+        if (page >= len(request.block_hashes)
+                or request.num_tokens != (page + 1) * self.page_size):
+            return None
+        found = self.allocator.lookup(request.block_hashes[page:page + 1])
+        if not found:
+            return None
+        self.allocator.share(found)
+        self.pinned_blocks.append(found[0])
+        return PartialPrefix(found[0], self.page_size - 1, retained=True)
 
     def copy_partial_prefix(self, request: RequestState, partial: PartialPrefix) -> None:
         """The admitted request's page gets the shared slots before the next forward

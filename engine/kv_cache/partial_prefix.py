@@ -44,8 +44,9 @@ class PartialPrefix:
     """The block whose first `num_tokens` slots are copied."""
     num_tokens: int
     retained: bool = False
-    """A freed block of RetainedPages (taken off the free list by the block manager),
-    not a running request's."""
+    """The block manager took (holds) the block when it was found: a freed block of
+    RetainedPages, or the request's own last page cached whole
+    (BlockManager._last_full_page); not a running request's."""
 
 
 @dataclass(frozen=True)

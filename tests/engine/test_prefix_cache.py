@@ -102,3 +102,26 @@ def test_cached_blocks_outlive_their_owner_and_are_evicted_under_pressure(tiny_l
     manager.stop()
     manager.check_invariants()
     manager.destroy()
+
+
+def test_a_prompt_filling_its_pages_reuses_all_but_one_token(tiny_llama):
+    """32 tokens in pages of 4: after the first request ends, all 8 pages are cached;
+    the same prompt again takes 7 whole and copies the last one's first 3 slots (one
+    token must be computed for its logits), and generates transformers' tokens."""
+    model, reference = tiny_llama
+    prompt = random_prompts(1, 32, 32, seed=15)[0]
+    manager = model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=4, eos_token_id=[]),
+        ContinuousBatchingConfig(page_size=4, num_blocks=24))
+    manager.start()
+    first = manager.add_request(prompt)
+    assert next(r for r in manager.request_id_iter(first)).is_finished()
+    again = manager.add_request(prompt)
+    result = [r for r in manager.request_id_iter(again)][-1]
+    assert result.generated_tokens == reference_greedy(reference, prompt, 4)
+    assert manager.stats()["prefix_cache_hits"] == 31
+    manager.stop()
+    manager.check_invariants()
+    stats = manager.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    manager.destroy()
