@@ -126,12 +126,19 @@ def summarize(concurrency: int, results: list[RequestResult], wall: float) -> di
     }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
+def server_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the options of every tool that drives a server: its URL, the
+    model name to send and an API key."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--api-key", default=None)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = server_parser("python -m bench.serve", __doc__)
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests per level (default: 2 x concurrency, at least 8)")

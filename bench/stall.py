@@ -19,7 +19,7 @@ import random
 import httpx
 
 from .report import write_json
-from .serve import RequestResult, make_prompt, one_request, percentiles
+from .serve import RequestResult, make_prompt, one_request, percentiles, server_parser
 
 
 async def run(args) -> tuple[list[RequestResult], RequestResult]:
@@ -58,11 +58,7 @@ def summarize(streams: list[RequestResult], long_request: RequestResult) -> dict
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.stall", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--api-key", default=None)
+    parser = server_parser("python -m bench.stall", __doc__)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=40, help="words of each stream's chat")
     parser.add_argument("--output-len", type=int, default=400)

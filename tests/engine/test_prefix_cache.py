@@ -63,6 +63,14 @@ def test_scheduler_reuses_a_cached_prefix_and_computes_the_rest():
     assert batch.prefix_copies == [(first.block_ids[2], third.block_ids[2], 3)]
 
 
+def started_manager(model, **config):
+    """A running manager generating 4 tokens a request (EOS ignored) under `config`."""
+    manager = model.init_continuous_batching(
+        GenerationConfig(max_new_tokens=4, eos_token_id=[]), ContinuousBatchingConfig(**config))
+    manager.start()
+    return manager
+
+
 def run(model, prompts, sharing, **config):
     return generate_and_inspect(model, prompts, 6, page_size=4, allow_block_sharing=sharing,
                                 **config)
@@ -85,10 +93,7 @@ def test_shared_prefix_is_prefilled_once_with_identical_outputs(tiny_llama):
 def test_cached_blocks_outlive_their_owner_and_are_evicted_under_pressure(tiny_llama):
     model, reference = tiny_llama
     prompt = random_prompts(1, 33, 33, seed=13)[0]
-    manager = model.init_continuous_batching(
-        GenerationConfig(max_new_tokens=4, eos_token_id=[]),
-        ContinuousBatchingConfig(page_size=4, num_blocks=12))
-    manager.start()
+    manager = started_manager(model, page_size=4, num_blocks=12)
     first = manager.add_request(prompt)
     assert next(r for r in manager.request_id_iter(first)).is_finished()
     assert manager.stats()["num_cached_blocks"] == 9      # 36 of 37 tokens were written
@@ -110,10 +115,7 @@ def test_a_prompt_filling_its_pages_reuses_all_but_one_token(tiny_llama):
     token must be computed for its logits), and generates transformers' tokens."""
     model, reference = tiny_llama
     prompt = random_prompts(1, 32, 32, seed=15)[0]
-    manager = model.init_continuous_batching(
-        GenerationConfig(max_new_tokens=4, eos_token_id=[]),
-        ContinuousBatchingConfig(page_size=4, num_blocks=24))
-    manager.start()
+    manager = started_manager(model, page_size=4, num_blocks=24)
     first = manager.add_request(prompt)
     assert next(r for r in manager.request_id_iter(first)).is_finished()
     again = manager.add_request(prompt)
