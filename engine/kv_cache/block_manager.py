@@ -102,9 +102,10 @@ class BlockManager:
                            use_retained: bool = True) -> PartialPrefix | None:
         """On admission, reuse every cached full block of the request's tokens, but
         always leave at least one token to compute (its logits give the next token).
-        Then look in `running` (and, with `use_retained`, among the pages of ended
-        requests) for the start of the next page (partial_prefix.py): its tokens count
-        as computed too; the caller passes the returned PartialPrefix to
+        Then the start of the next page (partial_prefix.py): the request's own last page
+        when its tokens fill their pages exactly and that page is cached whole, else
+        the longest one in `running` (and, with `use_retained`, among the pages of
+        ended requests); its tokens count as computed too; the caller passes the returned PartialPrefix to
         `copy_partial_prefix` once the request has its blocks, or to `give_back` when
         it does not get them."""
         if not self.allocator.enable_caching:
@@ -119,11 +120,17 @@ class BlockManager:
         request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.page_size
         if self.sliding_allocator is not None:   # (its pages would need copies too)
             return None
-        partial = self._last_full_page(request, len(cached))
+        partial = (self._last_full_page(request, len(cached))
+                   or self._shared_page_start(request, running, use_retained, cached))
         if partial is not None:
             request.num_computed_tokens += partial.num_tokens
             request.num_cached_tokens = request.num_computed_tokens
-            return partial
+        return partial
+
+    def _shared_page_start(self, request: RequestState, running: list[RequestState],
+                           use_retained: bool, cached: list[int]) -> PartialPrefix | None:
+        """The longest start of the request's next page that a running request, or
+        (with `use_retained`) an ended one's retained page, already holds."""
         partial = find_partial_prefix(request, running, self.page_size)
         retained = None if not use_retained else self.retained_pages.find(
             request, request.block_hashes[len(cached) - 1] if cached else None,
@@ -132,9 +139,6 @@ class BlockManager:
             self.allocator.take_free(retained.source_block)      # held until the next step
             self.pinned_blocks.append(retained.source_block)
             partial = retained
-        if partial is not None:
-            request.num_computed_tokens += partial.num_tokens
-            request.num_cached_tokens = request.num_computed_tokens
         return partial
 
     def _last_full_page(self, request: RequestState, page: int) -> PartialPrefix | None:
