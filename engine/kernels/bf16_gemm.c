@@ -19,8 +19,8 @@
  *
  * Output: fp32, or bf16 rounded to nearest even (vcvtneps2bf16, as oneDNN's).
  * bf16_gated_gemm runs a gated MLP's gate/up product on a paired layout (gate and up
- * in alternating 16-row blocks, one pair per panel) and writes silu(gate) * up in
- * bf16 from the fp32 sums; bf16_gemm's plain products of that layout put each block
+ * in alternating 16-row blocks, one pair per panel) and writes act(gate) * up in
+ * bf16 from the fp32 sums (act: SiLU, or GELU's tanh form); bf16_gemm's plain products of that layout put each block
  * back at its column (gate columns first).
  */
 #include <stdint.h>
@@ -47,7 +47,8 @@ typedef struct {
     int y_bf16;
     int64_t gated_inter;     /* > 0: W is a gated MLP's gate/up in alternating 16-row blocks
                                 (see bf16_gated_gemm), `gated_inter` rows of each */
-    int fused;               /* 1: y [m, gated_inter] bf16 = silu(gate) * up */
+    int fused;               /* y [m, gated_inter] bf16 = act(gate) * up: 0 no, else the
+                                activation (ACTIVATION_SILU, ACTIVATION_GELU_TANH) */
     int64_t panel;           /* vectors per panel: 3, or 2 (one gate/up pair) when fused */
     WorkRanges *panels;      /* panels, shared out between the parts */
 } GemmJob;
@@ -96,9 +97,13 @@ static inline __attribute__((always_inline)) void tile(
     }
     if (job->fused) {       /* width 2: vector (gate j, up j), j = vector / 2 */
         uint16_t *out = (uint16_t *)job->y + (vector / 2) * 16;
-        for (int r = 0; r < rows; r++)
+        for (int r = 0; r < rows; r++) {
+            const __m512 activated = job->fused == ACTIVATION_GELU_TANH
+                                         ? gelu_tanh_times16(acc[r][0], acc[r][1])
+                                         : silu_times16(acc[r][0], acc[r][1]);
             _mm256_storeu_si256((__m256i *)(out + (row + r) * job->y_stride),
-                                (__m256i)_mm512_cvtneps_pbh(silu_times16(acc[r][0], acc[r][1])));
+                                (__m256i)_mm512_cvtneps_pbh(activated));
+        }
         return;
     }
     for (int r = 0; r < rows; r++)
@@ -154,15 +159,18 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
 }
 
 /* A gated MLP's activation straight from its gate/up product: y [m, inter] bf16 (rows
- * y_stride apart) = silu(x @ Wg^T) * (x @ Wu^T), the fp32 sums never rounded before
- * the activation. w holds Wg and Wu as alternating 16-row blocks (gate 0, up 0, gate
- * 1, ...), packed as above: one panel is one (gate, up) pair. Returns 0, or 1. */
+ * y_stride apart) = act(x @ Wg^T) * (x @ Wu^T), the fp32 sums never rounded before
+ * the activation (ACTIVATION_SILU or ACTIVATION_GELU_TANH). w holds Wg and Wu as
+ * alternating 16-row blocks (gate 0, up 0, gate 1, ...), packed as above: one panel is
+ * one (gate, up) pair. Returns 0, or 1. */
 int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
-                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int num_threads) {
+                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int activation,
+                    int num_threads) {
     if (k % 2 || inter % 16 || inter <= 0) return 1;
+    if (activation != ACTIVATION_SILU && activation != ACTIVATION_GELU_TANH) return 1;
     if (m <= 0) return 0;
-    GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter, 1, 2,
-                   NULL};
+    GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter,
+                   activation, 2, NULL};
     run_gemm(&job, num_threads);
     return 0;
 }
@@ -180,9 +188,10 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
 }
 
 int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
-                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int num_threads) {
+                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int activation,
+                    int num_threads) {
     (void)x; (void)x_stride; (void)w; (void)m; (void)k; (void)inter; (void)y; (void)y_stride;
-    (void)num_threads;
+    (void)activation; (void)num_threads;
     return 2;
 }
 

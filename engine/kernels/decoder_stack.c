@@ -1,25 +1,35 @@
-/* Every decoder layer of a Llama-style model with bf16 weights packed in pairs, for
- * one step (decode rows, short prefill chunks, any row count), in one native call
- * (models/packed_stack.py).
+/* Every decoder layer of a model with bf16 weights packed in pairs, for one step
+ * (decode rows, short prefill chunks, any row count), in one native call
+ * (models/packed_stack.py). Llama-style layers, and the variants of Qwen3 (RMSNorm
+ * of each q and k head), Gemma 3 (those too, plus norms on the attention's and the
+ * MLP's outputs, (1 + weight) norms, GELU) and hybrid sliding-window models (each
+ * layer reads the contexts and rotary tables of its attention group).
  *
  * The Python layer loop costs two things on steps of this size: its own time (~12
  * calls per layer, each with its checks and tensor allocations, while the kernels'
  * helper threads spin) and, in a server, a wait for the interpreter lock at every
  * return from a kernel while the event loop runs: a 30-layer step went through that
  * lock ~360 times. Here the layers chain the same kernels the loop calls, in the
- * same order and on the same buffers' values, so the output is bit-identical
- * (tests/engine/test_packed_stack.py):
+ * same order and on the same buffers' values, so for Llama-style layers the output
+ * is bit-identical to the packed layers' loop (tests/engine/test_packed_stack.py):
  *
  *   h   = rms_norm(x)                        bf16
- *   qkv = h @ Wqkv                           fp32; rope on q, k; k, v to the cache
+ *   qkv = h @ Wqkv                           fp32; [q_norm, k_norm per head]; rope on
+ *                                            q, k; k, v to the cache
  *   a   = attention(q, cache)                fp32, rounded to bf16
- *   x   = x + a @ Wo                         fp32
+ *   o   = a @ Wo                             fp32
+ *   x   = x + o                              [Gemma: x + rms_norm(o)]
  *   h   = rms_norm(x)                        bf16
- *   g   = silu(h @ Wgate) * (h @ Wup)        bf16 (one gated GEMM)
- *   x   = x + g @ Wdown                      fp32
+ *   g   = act(h @ Wgate) * (h @ Wup)         bf16 (one gated GEMM; SiLU or GELU-tanh)
+ *   d   = g @ Wdown                          fp32
+ *   x   = x + d                              [Gemma: x + rms_norm(d)]
  *
- * Attention: row t attends to the first lengths[t] slots of slots row slot_rows[t]
- * (row t without slot_rows), as paged_decode_attention reads them. */
+ * Gemma's (1 + weight) norms arrive with 1 + weight precomputed, so every norm is
+ * rms_norm's x / rms(x) * weight.
+ *
+ * Attention: row t of a layer of group g attends to the first lengths[t] slots of
+ * slots row slot_rows[t] (row t without slot_rows) of groups[g], as
+ * paged_decode_attention reads them. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -27,21 +37,38 @@
 #include "vector_math.h"
 
 typedef struct {
-    const float *input_norm;         /* [hidden] */
-    const float *post_norm;          /* [hidden] */
+    const float *input_norm;         /* [hidden], before the attention */
+    const float *post_norm;          /* [hidden], before the MLP */
     float input_eps, post_eps;
     const uint32_t *qkv;             /* pairs of [(H + 2 KVH) D, hidden] */
     const uint32_t *o;               /* pairs of [hidden, H D] */
     const uint32_t *gate_up;         /* gated pairs of [2 I, hidden] */
     const uint32_t *down;            /* pairs of [hidden, I] */
     void *keys, *values;             /* this layer's flat cache [num_slots, KVH, D] */
+    int64_t num_slots;
+    const float *q_norm, *k_norm;    /* [D] each, or NULL: no per-head norm */
+    const float *attn_out_norm;      /* [hidden] on o's output, or NULL */
+    const float *mlp_out_norm;       /* [hidden] on down's output, or NULL */
+    float qk_eps, out_eps;
+    int group;                       /* which StackGroup this layer's attention reads */
 } StackLayer;
 
 typedef struct {
-    int64_t hidden, heads, kv_heads, dim, intermediate, num_slots;
+    int64_t hidden, heads, kv_heads, dim, intermediate;
     float scale;
     int kv_bf16;
+    int activation;                  /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
 } StackShape;
+
+typedef struct {                     /* one attention group's view of the step */
+    const float *cos, *sin;          /* [T, D] */
+    const int64_t *slot_mapping;     /* [T] */
+    const int64_t *slots;            /* [num_rows, width] */
+    const int64_t *slot_rows;        /* [T] or NULL */
+    int64_t num_rows;
+    const int64_t *lengths;          /* [T] */
+    int64_t width;
+} StackGroup;
 
 typedef struct {
     uint16_t *normed;                /* [T, hidden] bf16 */
@@ -52,15 +79,33 @@ typedef struct {
     uint16_t *activated;             /* [T, I] bf16 */
 } StackBuffers;
 
-static void add_rows(float *x, const float *y, int64_t count) {
-    for (int64_t i = 0; i < count; i++) x[i] = x[i] + y[i];
+/* x += y, or x += rms_norm(y) when `norm` is set (y is then normalised in place). */
+static int add_rows(float *x, float *y, int64_t tokens, int64_t hidden, const float *norm,
+                    float eps, int num_threads) {
+    if (norm) {
+        const int status = rms_norm(y, tokens, hidden, norm, eps, y, 0, num_threads);
+        if (status) return status;
+    }
+    for (int64_t i = 0; i < tokens * hidden; i++) x[i] = x[i] + y[i];
+    return 0;
+}
+
+/* Qwen3's and Gemma 3's RMSNorm of every q and k head of the qkv rows, in place. */
+static void norm_heads(const StackLayer *layer, const StackShape *shape, float *qkv,
+                       int64_t tokens) {
+    const int64_t heads = shape->heads, kv_heads = shape->kv_heads, dim = shape->dim;
+    const int64_t width = (heads + 2 * kv_heads) * dim;
+    for (int64_t t = 0; t < tokens; t++) {
+        float *row = qkv + t * width;
+        rms_norm_rows(row, heads, dim, layer->q_norm, layer->qk_eps, row);
+        rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
+                      row + heads * dim);
+    }
 }
 
 static int attention_half(const StackLayer *layer, const StackShape *shape, float *x,
-                          int64_t tokens, const float *cos, const float *sin,
-                          const int64_t *slot_mapping, const int64_t *slots,
-                          const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
-                          int64_t width, const StackBuffers *b, int num_threads) {
+                          int64_t tokens, const StackGroup *g, const StackBuffers *b,
+                          int num_threads) {
     const int64_t hidden = shape->hidden, heads = shape->heads, dim = shape->dim;
     const int64_t width_qkv = (heads + 2 * shape->kv_heads) * dim;
     int status = rms_norm(x, tokens, hidden, layer->input_norm, layer->input_eps, b->normed, 1,
@@ -68,20 +113,23 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
     if (!status)
         status = bf16_gemm(b->normed, hidden, layer->qkv, tokens, hidden, width_qkv, b->qkv,
                            width_qkv, 0, 0, num_threads);
+    if (!status && layer->q_norm) norm_heads(layer, shape, b->qkv, tokens);
     if (!status)
-        status = rope_store(b->qkv, tokens, heads, shape->kv_heads, dim, cos, sin, slot_mapping,
-                            layer->keys, layer->values, shape->num_slots, shape->kv_bf16,
-                            num_threads);
+        status = rope_store(b->qkv, tokens, heads, shape->kv_heads, dim, g->cos, g->sin,
+                            g->slot_mapping, layer->keys, layer->values, layer->num_slots,
+                            shape->kv_bf16, num_threads);
     if (!status)
         status = paged_decode_attention(b->qkv, width_qkv, layer->keys, layer->values,
-                                        shape->kv_bf16, slots, slot_rows, num_rows, lengths,
-                                        tokens, width, heads, shape->kv_heads, dim,
-                                        shape->scale, b->context, num_threads);
+                                        shape->kv_bf16, g->slots, g->slot_rows, g->num_rows,
+                                        g->lengths, tokens, g->width, heads, shape->kv_heads,
+                                        dim, shape->scale, b->context, num_threads);
     if (status) return status;
     store_cached(b->context_bf16, 1, 0, b->context, tokens * heads * dim);
     status = bf16_gemm(b->context_bf16, heads * dim, layer->o, tokens, heads * dim, hidden,
                        b->projected, hidden, 0, 0, num_threads);
-    if (!status) add_rows(x, b->projected, tokens * hidden);
+    if (!status)
+        status = add_rows(x, b->projected, tokens, hidden, layer->attn_out_norm, layer->out_eps,
+                          num_threads);
     return status;
 }
 
@@ -92,25 +140,27 @@ static int mlp_half(const StackLayer *layer, const StackShape *shape, float *x, 
                           num_threads);
     if (!status)
         status = bf16_gated_gemm(b->normed, hidden, layer->gate_up, tokens, hidden, inter,
-                                 b->activated, inter, num_threads);
+                                 b->activated, inter, shape->activation, num_threads);
     if (!status)
         status = bf16_gemm(b->activated, inter, layer->down, tokens, inter, hidden, b->projected,
                            hidden, 0, 0, num_threads);
-    if (!status) add_rows(x, b->projected, tokens * hidden);
+    if (!status)
+        status = add_rows(x, b->projected, tokens, hidden, layer->mlp_out_norm, layer->out_eps,
+                          num_threads);
     return status;
 }
 
-/* x [tokens, hidden] fp32 in, every layer's output out (in place). cos, sin [tokens,
- * D]; slot_mapping [tokens]; slots [num_rows, width], lengths [tokens] and slot_rows
- * [tokens] or NULL: the attention's contexts (see above). Returns 0, or the first
- * failing kernel's status (x then holds a partial result). */
+/* x [tokens, hidden] fp32 in, every layer's output out (in place). groups: one per
+ * attention group the layers name (see above). Returns 0, or the first failing
+ * kernel's status (x then holds a partial result); 5 for a group index past
+ * num_groups. */
 int bf16_decoder_stack(const StackLayer *layers, int64_t num_layers, const StackShape *shape,
-                       float *x, int64_t tokens, const float *cos, const float *sin,
-                       const int64_t *slot_mapping, const int64_t *slots,
-                       const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
-                       int64_t width, int num_threads) {
+                       float *x, int64_t tokens, const StackGroup *groups, int64_t num_groups,
+                       int num_threads) {
     if (tokens <= 0) return 0;
     if (!bf16_gemm_available()) return 1;
+    for (int64_t l = 0; l < num_layers; l++)
+        if (layers[l].group < 0 || layers[l].group >= num_groups) return 5;
     const int64_t qkv_width = (shape->heads + 2 * shape->kv_heads) * shape->dim;
     const int64_t attended = shape->heads * shape->dim;
     StackBuffers b = {
@@ -124,8 +174,8 @@ int bf16_decoder_stack(const StackLayer *layers, int64_t num_layers, const Stack
     int status = (b.normed && b.qkv && b.context && b.context_bf16 && b.projected
                   && b.activated) ? 0 : 2;
     for (int64_t l = 0; !status && l < num_layers; l++) {
-        status = attention_half(&layers[l], shape, x, tokens, cos, sin, slot_mapping, slots,
-                                slot_rows, num_rows, lengths, width, &b, num_threads);
+        status = attention_half(&layers[l], shape, x, tokens, &groups[layers[l].group], &b,
+                                num_threads);
         if (!status) status = mlp_half(&layers[l], shape, x, tokens, &b, num_threads);
     }
     free(b.normed);

@@ -71,8 +71,11 @@ int bf16_gemm_available(void);
 int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
               int64_t n, void *y, int64_t y_stride, int y_bf16, int64_t gated_inter,
               int num_threads);
+#define ACTIVATION_SILU 1
+#define ACTIVATION_GELU_TANH 2
 int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
-                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int num_threads);
+                    int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int activation,
+                    int num_threads);
 
 /* attention_bf16.c: the same passes over a bf16 cache with AVX512-BF16 dot products,
  * for head sizes attention_bf16_apply accepts on this build; words: scratch of

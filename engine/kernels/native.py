@@ -22,11 +22,15 @@ SIGNATURES = {
     "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppippspsssssfpi",
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
-    "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsi",
+    "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i",
-    "bf16_decoder_stack": "psppspppppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
+    "bf16_decoder_stack": "psppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
+
+
+GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
+"""The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
 
 
 class NativeKernels:
@@ -69,12 +73,13 @@ class NativeKernels:
 
     def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
                   out_dtype: torch.dtype, gated_inter: int = 0,
-                  activation: bool = False) -> torch.Tensor:
+                  activation: str | None = None) -> torch.Tensor:
         """x [rows, K] bf16 (rows may be strided) @ W^T -> [rows, out_features] fp32 or
         bf16; W packed in pairs [ceil(N / 16), K / 2, 16, 2] bf16 (bf16_gemm.c), or in
-        a gated MLP's alternating gate/up blocks when gated_inter > 0, and with
-        `activation` silu(gate) * up [rows, gated_inter] bf16 instead. The caller
-        guarantees CPU tensors of those dtypes, pairs contiguous, K even."""
+        a gated MLP's alternating gate/up blocks when gated_inter > 0, and with an
+        `activation` ("silu" or "gelu_tanh", see GATED_ACTIVATIONS) act(gate) * up
+        [rows, gated_inter] bf16 instead. The caller guarantees CPU tensors of those
+        dtypes, pairs contiguous, K even."""
         rows, library = x.shape[0], self._library
         if x.stride(1) != 1:
             x = x.contiguous()
@@ -82,7 +87,7 @@ class NativeKernels:
             y = torch.empty(rows, gated_inter, dtype=torch.bfloat16)
             status = library.bf16_gated_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,
                                              x.shape[1], gated_inter, y.data_ptr(), gated_inter,
-                                             self.num_threads)
+                                             GATED_ACTIVATIONS[activation], self.num_threads)
         else:
             y = torch.empty(rows, out_features, dtype=out_dtype)
             status = library.bf16_gemm(x.data_ptr(), x.stride(0), pairs.data_ptr(), rows,

@@ -87,6 +87,19 @@ static inline __m512 silu_times16(__m512 gate, __m512 up) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
     return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
 }
+
+/* gelu(gate) * up with GELU's tanh form (Gemma's gelu_pytorch_tanh): 0.5 g (1 + tanh(u)),
+ * u = sqrt(2 / pi) (g + 0.044715 g^3), written as g / (1 + e^-2u) (the same value:
+ * 0.5 (1 + tanh(u)) is the logistic function of 2u), which needs one exp. */
+static inline __m512 gelu_tanh_times16(__m512 gate, __m512 up) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 squared = _mm512_mul_ps(gate, gate);
+    const __m512 twice_u = _mm512_mul_ps(gate, _mm512_fmadd_ps(
+        squared, _mm512_set1_ps(2.0f * 0.7978845608028654f * 0.044715f),
+        _mm512_set1_ps(2.0f * 0.7978845608028654f)));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), twice_u));
+    return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
+}
 #endif
 
 /* cache[start .. start + n) <- src as fp32, or rounded to bf16 when bf16 (a K/V

@@ -122,6 +122,8 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
             kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config)
             for kind in (SLIDING, FULL)})
         self.attn_backend = get_backend("torch")
+        self.layer_stacks: list = []
+        """packed_stack.PackedStack when every layer qualifies (LlamaFamilyForCausalLM's)."""
 
     def reset_buffers(self, device: torch.device) -> None:
         for rotary in self.rotaries.values():
@@ -133,6 +135,11 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
         rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
+        if layer_step is None and self.attn_backend.name == "torch":
+            for stack in self.layer_stacks:
+                out = stack(hidden, *rope[FULL], kv_cache, meta, sliding_rope=rope[SLIDING])
+                if out is not None:
+                    return self.norm(out)
         for layer in self.layers:
             hidden = layer(hidden, rope, kv_cache, meta, self.attn_backend, layer_step)
         return self.norm(hidden)

@@ -60,6 +60,7 @@ class GatedMLP(nn.Module):
         if act not in ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {act!r}")
         self.act = ACTIVATIONS[act]
+        self.act_name = act
         self.fused = None
         """Optional callable x -> output or None (not for this step), set when the
         projections can run as one native call (models/block_weights.py)."""

@@ -12,9 +12,9 @@ bf16-weights), this path calls the pieces directly:
     qkv = h @ Wqkv in fp32; rotate q and k, store k and v (rope_store)
     a = the backend's attention over the cache (already written)
     x = x + a @ Wo
-    x = x + mlp(x): for GGUF layers gate_up with its activation (packed_gated) and
-        down straight on the packed weights (norm in the weights' dtype again);
-        otherwise the MLP modules
+    x = x + mlp(x): for GGUF layers and SiLU MLPs in gate/up pairs (paired_mlp.py)
+        gate_up with its activation (packed_gated) and down straight on the packed
+        weights (norm in the weights' dtype again); otherwise the MLP modules
 
 with the modules' arithmetic in the same order: the output is bit-identical
 (tests/engine/test_packed_layer.py). The step-wide checks (rotary tables, slots,
@@ -29,11 +29,12 @@ from torch import nn
 
 from .block_weights import BlockLinear, FusedBlockMLP
 from .packed_linear import PackedWeight, packed_gated, packed_linear
+from .paired_mlp import PairedMLP
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _packed(module: nn.Module) -> PackedWeight | None:
+def packed_of(module: nn.Module) -> PackedWeight | None:
     packed = getattr(module, "packed", None)
     usable = packed is not None and getattr(module, "bias", None) is None
     return packed if usable else None
@@ -43,12 +44,14 @@ class PackedLayer:
     def __init__(self, layer: nn.Module, kernels) -> None:
         attn = layer.self_attn
         self.attn, self.layer, self.kernels = attn, layer, kernels
-        self.qkv, self.o = _packed(attn.qkv_proj), _packed(attn.o_proj)
+        self.qkv, self.o = packed_of(attn.qkv_proj), packed_of(attn.o_proj)
         self.dtype = self.qkv.dtype
         self.first, self.second = layer.input_layernorm, layer.post_attention_layernorm
         fused = layer.mlp.fused
-        self.gate_up = _packed(layer.mlp.gate_up_proj) if isinstance(fused, FusedBlockMLP) else None
-        self.down = _packed(layer.mlp.down_proj) if self.gate_up is not None else None
+        silu_pairs = isinstance(fused, PairedMLP) and fused.activation == "silu"
+        self.gate_up = packed_of(layer.mlp.gate_up_proj) \
+            if isinstance(fused, FusedBlockMLP) or silu_pairs else None
+        self.down = packed_of(layer.mlp.down_proj) if self.gate_up is not None else None
         self.block_rows = attn.qkv_proj.max_rows if isinstance(attn.qkv_proj, BlockLinear) else 0
         """Steps of at most this many rows are the block kernels' (fast decode or modules)."""
 
@@ -59,7 +62,7 @@ class PackedLayer:
         attn = getattr(layer, "self_attn", None)
         if attn is None or getattr(attn, "q_norm", None) is not None or attn.is_sliding:
             return False
-        qkv, o = _packed(attn.qkv_proj), _packed(attn.o_proj)
+        qkv, o = packed_of(attn.qkv_proj), packed_of(attn.o_proj)
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         return (qkv is not None and o is not None and qkv.dtype == o.dtype
                 and qkv.dtype in PACKED_DTYPES and not hasattr(layer, "pre_feedforward_layernorm")

@@ -121,15 +121,19 @@ def gate_pairs(packed: PackedWeight) -> None:
     packed.gated_inter = packed.out_features // 2
 
 
-def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels) -> torch.Tensor:
-    """silu(gate) * up of a gated MLP for x [rows, in] bf16 -> [rows, I] bf16: in one
+def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels,
+                 activation: str = "silu") -> torch.Tensor | None:
+    """act(gate) * up of a gated MLP for x [rows, in] bf16 -> [rows, I] bf16: in one
     native pass from the gate/up GEMM's fp32 sums where the weight is paired
-    (gate_pairs), else the bf16 product, then kernels.silu_mul."""
+    (gate_pairs), else for SiLU the bf16 product, then silu_mul (`kernels`, or the
+    weight's own); None for another activation there."""
     if gate_up.gated_inter and x.shape[0] <= NATIVE_BF16_MAX_ROWS \
             and not torch.compiler.is_compiling():
         return gate_up.kernels.bf16_gemm(x, gate_up.pairs, gate_up.out_features, torch.bfloat16,
-                                         gate_up.gated_inter, activation=True)
-    return kernels.silu_mul(packed_linear(x, gate_up))
+                                         gate_up.gated_inter, activation=activation)
+    if activation != "silu":
+        return None
+    return (kernels or gate_up.kernels).silu_mul(packed_linear(x, gate_up))
 
 
 def pack_in_place(module: nn.Module, name: str) -> bool:
@@ -207,6 +211,9 @@ def pack_dense_weights(model: nn.Module) -> int:
         gate_up = getattr(getattr(module, "fused", None), "gate_up", None)
         if isinstance(getattr(gate_up, "packed", None), PackedWeight):
             gate_pairs(gate_up.packed)
+    from .paired_mlp import use_paired_mlps         # (imports this module)
+
+    count += use_paired_mlps(model)
     for layer in getattr(model, "layers", []):
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):

@@ -18,13 +18,24 @@ fp32 and faster: 32 chunks of 67 tokens after a shared 31-token prefix (the c=32
 server benchmark's wave), 1,300 -> 1,240 ms (docs/benchmarks.md). It then equals the
 loop run with the native GEMM at every size, bit for bit.
 
-It applies when every layer is on the packed-layer path with bf16 weights packed in
-pairs (qkv, o, gate/up in the gated layout, down) and the AVX512-BF16 GEMM is built;
-per step, when the loop would take the native paths throughout: rows past the block
-kernels', fp32 hidden states, the cache layout packed_layer.step_fits accepts, and
-the native attention's contexts (decode-only steps: one row per request; steps with
-prefill chunks: a row per query, for chunks short enough, batch.STEP_QUERY_MAX_PAIRS).
-Otherwise it returns None and the layer loop runs.
+Layers it takes: Llama-style ones, Qwen3's (a norm on every q and k head), Gemma 3's
+(those, norms on the attention's and the MLP's outputs, (1 + weight) norms, GELU)
+and sliding-window ones (Mistral, Gemma 3's local layers: each layer reads its
+attention group's contexts and, for Gemma 3, its own rotary tables), with bf16
+weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases, and
+the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
+bf16-weights, Gemma 3 270M) have no block kernels, so the stack serves their steps
+from one row up: for Gemma 3 270M a one-request decode step is 26 -> 17 ms
+(docs/benchmarks.md). Those layers' norms and activation are the modules' arithmetic
+summed in another order, so there the stack agrees with the loop to float rounding,
+not bit for bit.
+
+Per step it applies when the loop would take the native paths throughout: rows past
+the block kernels', fp32 hidden states, the cache layout packed_layer.step_fits
+accepts, and the native attention's contexts for every group (decode-only steps: one
+row per request; steps with prefill chunks: a row per query, for chunks short enough,
+batch.STEP_QUERY_MAX_PAIRS, and only where no layer slides). Otherwise it returns
+None and the layer loop runs.
 """
 
 from __future__ import annotations
@@ -35,7 +46,12 @@ import weakref
 import torch
 from torch import nn
 
-from .packed_layer import PackedLayer, step_fits
+from ..kernels.native import GATED_ACTIVATIONS
+from .block_weights import BlockLinear
+from .packed_layer import packed_of, step_fits
+from .paired_mlp import FUSED_ACTIVATIONS
+
+FULL, SLIDING = 0, 1                                  # StackLayer.group
 
 
 class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
@@ -43,25 +59,97 @@ class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
                 ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
                 ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p),
                 ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
-                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
+                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
+                ("num_slots", ctypes.c_int64),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("qk_eps", ctypes.c_float), ("out_eps", ctypes.c_float),
+                ("group", ctypes.c_int)]
 
 
 class _Shape(ctypes.Structure):            # decoder_stack.c's StackShape
     _fields_ = [("hidden", ctypes.c_int64), ("heads", ctypes.c_int64),
                 ("kv_heads", ctypes.c_int64), ("dim", ctypes.c_int64),
-                ("intermediate", ctypes.c_int64), ("num_slots", ctypes.c_int64),
-                ("scale", ctypes.c_float), ("kv_bf16", ctypes.c_int)]
+                ("intermediate", ctypes.c_int64), ("scale", ctypes.c_float),
+                ("kv_bf16", ctypes.c_int), ("activation", ctypes.c_int)]
 
 
-def _stackable(packed: PackedLayer) -> bool:
-    weights = (packed.qkv, packed.o, packed.gate_up, packed.down)
-    return (packed.dtype == torch.bfloat16 and packed.gate_up is not None
-            and all(w.pairs is not None for w in weights) and packed.gate_up.gated_inter > 0
-            and not any(w.gated_inter for w in (packed.qkv, packed.o, packed.down)))
+class _Group(ctypes.Structure):            # decoder_stack.c's StackGroup
+    _fields_ = [("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("slot_mapping", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+                ("slot_rows", ctypes.c_void_p), ("num_rows", ctypes.c_int64),
+                ("lengths", ctypes.c_void_p), ("width", ctypes.c_int64)]
+
+
+def _usable_norm(norm: nn.Module | None) -> bool:
+    return norm is None or (norm.weight.dtype == torch.float32
+                            and norm.weight.device.type == "cpu")
+
+
+def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+    """The fp32 weight rms_norm multiplies by: Gemma's 1 + weight, else the weight."""
+    if norm is None:
+        return None
+    weight = norm.weight.detach()
+    return (weight + norm.offset).contiguous() if norm.offset else weight.contiguous()
+
+
+def _norms(layer: nn.Module) -> tuple:
+    """(before the attention, before the MLP, on the attention's output, on the MLP's
+    output, per q head, per k head); None where the layer has no such norm."""
+    attn = layer.self_attn
+    heads = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    if hasattr(layer, "pre_feedforward_layernorm"):                 # Gemma 3's sandwich
+        return (layer.input_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_attention_layernorm, layer.post_feedforward_layernorm) + heads
+    return (layer.input_layernorm, layer.post_attention_layernorm, None, None) + heads
+
+
+def _weights(layer: nn.Module) -> tuple | None:
+    """(qkv, o, gate_up, down, activation) of a layer the stack can run, or None."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None:
+        return None
+    packed = [packed_of(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                     mlp.down_proj)]
+    activation = FUSED_ACTIVATIONS.get(getattr(mlp, "act_name", None))
+    if activation is None or any(p is None or p.pairs is None or p.dtype != torch.bfloat16
+                                 for p in packed):
+        return None
+    qkv, o, gate_up, down = packed
+    if not gate_up.gated_inter or any(p.gated_inter for p in (qkv, o, down)):
+        return None
+    return qkv, o, gate_up, down, activation
+
+
+def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
+    """The layer's StackLayer (cache fields left for _bind) and the tensors it points
+    at, or None where the stack cannot run it."""
+    weights = _weights(layer)
+    norms = _norms(layer) if weights is not None else ()
+    if weights is None or not all(_usable_norm(n) for n in norms) or (
+            (norms[4] is None) != (norms[5] is None)):
+        return None
+    first, second, attn_out, mlp_out, q_norm, k_norm = norms
+    if attn_out is not None and attn_out.eps != mlp_out.eps:
+        return None
+    scaled = [_norm_weight(n) for n in norms]
+    pointers = [None if t is None else t.data_ptr() for t in scaled]
+    qkv, o, gate_up, down, _ = weights
+    entry = _Layer(pointers[0], pointers[1], first.eps, second.eps, qkv.pairs.data_ptr(),
+                   o.pairs.data_ptr(), gate_up.pairs.data_ptr(), down.pairs.data_ptr(),
+                   None, None, 0, pointers[4], pointers[5], pointers[2], pointers[3],
+                   0.0 if q_norm is None else q_norm.eps,
+                   0.0 if attn_out is None else attn_out.eps,
+                   SLIDING if layer.self_attn.is_sliding else FULL)
+    kept = [t for t in scaled if t is not None] + [p.pairs for p in (qkv, o, gate_up, down)]
+    return entry, kept
 
 
 def _contexts(meta) -> tuple | None:
     """(slots, lengths, slot_rows or None) of the native attention for this step."""
+    if meta is None:
+        return None
     if not meta.prefills:
         found = (meta.decode_kv_slots, meta.decode_lengths, None)
     else:
@@ -75,69 +163,105 @@ def _contexts(meta) -> tuple | None:
 
 
 class PackedStack:
-    def __init__(self, layers: list[PackedLayer], kernels) -> None:
-        first = layers[0]
-        attn = first.attn
+    def __init__(self, layers: list[nn.Module], described: list, kernels,
+                 activation: str) -> None:
+        attn = layers[0].self_attn
         self.kernels, self.function = kernels, kernels.library.bf16_decoder_stack
-        self.block_rows = max(layer.block_rows for layer in layers)
-        self.layers = (_Layer * len(layers))(*(
-            _Layer(layer.first.weight.data_ptr(), layer.second.weight.data_ptr(),
-                   layer.first.eps, layer.second.eps, layer.qkv.pairs.data_ptr(),
-                   layer.o.pairs.data_ptr(), layer.gate_up.pairs.data_ptr(),
-                   layer.down.pairs.data_ptr()) for layer in layers))
-        self.packed_layers = layers          # (keeps the weights the pointers point at)
-        self.shape = _Shape(first.layer.input_layernorm.weight.shape[0], attn.num_heads,
-                            attn.num_kv_heads, attn.head_dim, first.gate_up.gated_inter, 0,
-                            attn.scale, 0)
+        self.block_rows = max(layer.self_attn.qkv_proj.max_rows
+                              if isinstance(layer.self_attn.qkv_proj, BlockLinear) else 0
+                              for layer in layers)
+        """Steps of at most this many rows are the block kernels' (GGUF models)."""
+        self.layers = (_Layer * len(layers))(*(entry for entry, _ in described))
+        self.kept = [tensors for _, tensors in described]    # what the pointers point at
+        self.layer_indices = [layer.self_attn.layer_idx for layer in layers]
+        self.groups = sorted({entry.group for entry, _ in described})
+        gate_up = layers[0].mlp.gate_up_proj.packed
+        self.shape = _Shape(layers[0].input_layernorm.weight.shape[0], attn.num_heads,
+                            attn.num_kv_heads, attn.head_dim, gate_up.gated_inter, attn.scale,
+                            0, GATED_ACTIVATIONS[activation])
         self.bound = weakref.WeakKeyDictionary()
         """cache -> (layers, shape) pointing at that cache: one pair per cache, so
         engines with caches of their own never share the structures a call reads."""
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "PackedStack | None":
-        """A stack over the model's layers when every one of them qualifies."""
-        layers = [getattr(layer, "fast_steps", None) for layer in getattr(model, "layers", [])]
-        if (not layers or not kernels.has_bf16_gemm
-                or not all(isinstance(p, PackedLayer) and _stackable(p) for p in layers)):
+        """A stack over the model's layers when every one of them qualifies and they
+        share their shapes, attention scale and activation."""
+        layers = list(getattr(model, "layers", []))
+        if not layers or not kernels.has_bf16_gemm:
             return None
-        return PackedStack(layers, kernels)
+        described = [_describe(layer) for layer in layers]
+        if any(d is None for d in described):
+            return None
+        first = layers[0].self_attn
+        same = ("num_heads", "num_kv_heads", "head_dim", "scale")
+        activations = {_weights(layer)[4] for layer in layers}
+        inters = {layer.mlp.gate_up_proj.packed.gated_inter for layer in layers}
+        if len(activations) != 1 or len(inters) != 1 or any(
+                getattr(layer.self_attn, name) != getattr(first, name)
+                for layer in layers for name in same):
+            return None
+        return PackedStack(layers, described, kernels, activations.pop())
 
-    def _bind(self, kv_cache) -> tuple:
-        """The layers and shape pointing at `kv_cache`'s tensors (built once per cache)."""
-        found = self.bound.get(kv_cache)
-        if found is None:
+    def _bind(self, kv_cache) -> tuple | None:
+        """The layers and shape pointing at `kv_cache`'s tensors (built once per
+        cache), or None for caches of mixed dtypes."""
+        found = self.bound.get(kv_cache, False)
+        if found is False:
             layers = (_Layer * len(self.layers))(*self.layers)           # copies
-            for entry, layer in zip(layers, self.packed_layers):
-                entry.keys = kv_cache.key_caches[layer.attn.layer_idx].data_ptr()
-                entry.values = kv_cache.value_caches[layer.attn.layer_idx].data_ptr()
-            keys = kv_cache.key_caches[0]
+            dtypes = set()
+            for entry, index in zip(layers, self.layer_indices):
+                keys, values = kv_cache.key_caches[index], kv_cache.value_caches[index]
+                entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
+                entry.num_slots = keys.shape[0] * keys.shape[1]
+                dtypes |= {keys.dtype, values.dtype}
             shape = _Shape.from_buffer_copy(self.shape)
-            shape.num_slots = keys.shape[0] * keys.shape[1]
-            shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
-            self.bound[kv_cache] = found = (layers, shape)
+            shape.kv_bf16 = int(dtypes == {torch.bfloat16})
+            found = (layers, shape) if len(dtypes) == 1 else None
+            self.bound[kv_cache] = found
         return found
 
+    def _groups(self, meta, cos: torch.Tensor, sin: torch.Tensor, sliding_rope, kv_cache):
+        """The step's StackGroup per attention group ([full, sliding]; a group no
+        layer reads stays zero), or None when a group's step is not for the stack."""
+        groups = (_Group * 2)()
+        for group in self.groups:
+            group_meta = meta if group == FULL else meta.sliding
+            group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
+                else sliding_rope
+            contexts = _contexts(group_meta)
+            index = self.layer_indices[next(i for i, entry in enumerate(self.layers)
+                                            if entry.group == group)]
+            if contexts is None or not step_fits(group_meta, group_cos, group_sin,
+                                                 kv_cache.key_caches[index],
+                                                 kv_cache.value_caches[index]):
+                return None
+            slots, lengths, slot_rows = contexts
+            groups[group] = _Group(group_cos.data_ptr(), group_sin.data_ptr(),
+                                   group_meta.slot_mapping.data_ptr(), slots.data_ptr(),
+                                   None if slot_rows is None else slot_rows.data_ptr(),
+                                   slots.shape[0], lengths.data_ptr(), slots.shape[1])
+        return groups
+
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta) -> torch.Tensor | None:
-        """The last layer's output [T, hidden], or None when this step is not for it."""
+                 kv_cache, meta, sliding_rope: tuple | None = None) -> torch.Tensor | None:
+        """The last layer's output [T, hidden], or None when this step is not for it.
+        cos, sin: the rotary tables of the full-attention layers (of every layer
+        without `sliding_rope`); sliding_rope: Gemma 3's (cos, sin) of its local
+        layers."""
         rows = hidden.shape[0]
         if not (self.block_rows < rows and hidden.dim() == 2
                 and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
                 and not meta.decode_fast_path and not torch.compiler.is_compiling()):
             return None
-        contexts = _contexts(meta)
-        key_cache, value_cache = kv_cache.key_caches[0], kv_cache.value_caches[0]
-        if contexts is None or not step_fits(meta, cos, sin, key_cache, value_cache):
+        groups = self._groups(meta, cos, sin, sliding_rope, kv_cache)
+        bound = self._bind(kv_cache) if groups is not None else None
+        if bound is None:
             return None
-        slots, lengths, slot_rows = contexts
-        layers, shape = self._bind(kv_cache)
+        layers, shape = bound
         x = hidden.contiguous().clone()
-        status = self.function(
-            layers, len(self.packed_layers), ctypes.byref(shape), x.data_ptr(), rows,
-            cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
-            None if slot_rows is None else slot_rows.data_ptr(), slots.shape[0],
-            lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)
+        status = self.function(layers, len(self.kept), ctypes.byref(shape), x.data_ptr(), rows,
+                               groups, len(groups), self.kernels.num_threads)
         if status:
             raise RuntimeError(f"bf16_decoder_stack failed ({status})")
         return x
-

@@ -98,3 +98,24 @@ def test_paired_gate_up_gives_the_activation_of_its_fp32_sums(kernels):
             assert torch.equal(got, kernels.silu_mul(sums).bfloat16())
         else:                                 # oneDNN's bf16 product, then silu_mul
             assert torch.equal(got, kernels.silu_mul(packed_linear(x, plain)))
+
+
+def test_paired_gate_up_with_gelu_tanh(kernels):
+    """Gemma's gelu_pytorch_tanh from the fp32 sums: torch's activation of the same
+    sums within a bf16 rounding (the kernel's exp differs from torch's by ulps);
+    past the native GEMM's rows packed_gated leaves GELU to the modules (None)."""
+    generator = torch.Generator().manual_seed(12)
+    inter, in_features = 64, 96
+    weight = torch.randn(2 * inter, in_features, generator=generator).bfloat16()
+    paired = pack_weight(weight)
+    gate_pairs(paired)
+    x = torch.randn(40, in_features, generator=generator).bfloat16() * 2
+    sums = packed_linear(x, paired, torch.float32)
+    gate, up = sums.split(inter, dim=1)
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    got = packed_gated(x, paired, kernels, "gelu_tanh").float()
+    assert not torch.equal(got, packed_gated(x, paired, kernels, "silu").float())
+    ulp = want.abs().clamp_min(1e-3) * 2 ** -7
+    assert torch.all((got - want).abs() <= ulp)
+    big = torch.randn(NATIVE_BF16_MAX_ROWS + 1, in_features, generator=generator).bfloat16()
+    assert packed_gated(big, paired, kernels, "gelu_tanh") is None

@@ -1,0 +1,78 @@
+"""Gated MLPs on bf16 weights packed in pairs: the gate/up product writes the
+activation itself.
+
+A GatedMLP of a bf16-weights model (Bf16WeightLinear projections, packed for the
+native GEMM) otherwise runs gate/up to fp32, then torch's activation and product
+(three ops and a pass over [T, 2I] each), then down. Here its gate/up weight is
+reordered into gate/up pairs once at load (packed_linear.gate_pairs: plain products
+still come out gate columns first, so every other reader is unchanged) and steps of
+up to NATIVE_BF16_MAX_ROWS rows run
+
+    g = act(h @ Wgate) * (h @ Wup)     one bf16_gated_gemm, from its fp32 sums, bf16 out
+    y = g @ Wdown                      fp32
+
+the module path's arithmetic in the same order (its activation and product were in
+fp32 before down's bf16 cast too); only the activation's own rounding differs, by
+an ulp or so. SiLU and Gemma's GELU-tanh are fused; other activations keep the
+modules. The pairs are also what the whole-stack path reads (packed_stack.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .packed_linear import PackedWeight, gate_pairs, packed_gated, packed_linear
+
+FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""config.hidden_act names -> the activation bf16_gated_gemm computes for them."""
+
+
+def _bf16_paired(module: nn.Module) -> PackedWeight | None:
+    packed = getattr(module, "packed", None)
+    usable = (isinstance(packed, PackedWeight) and packed.pairs is not None
+              and packed.dtype == torch.bfloat16 and getattr(module, "bias", None) is None)
+    return packed if usable else None
+
+
+class PairedMLP:
+    """GatedMLP.fused for an MLP whose gate/up and down hold bf16 pairs."""
+
+    def __init__(self, gate_up: PackedWeight, down: PackedWeight, activation: str) -> None:
+        self.gate_up, self.down, self.activation = gate_up, down, activation
+
+    @staticmethod
+    def build(mlp: nn.Module) -> "PairedMLP | None":
+        """Pair the MLP's gate/up in place and return its fused call, or None (and
+        nothing changed) where the MLP does not qualify."""
+        activation = FUSED_ACTIVATIONS.get(getattr(mlp, "act_name", None))
+        gate_up = _bf16_paired(getattr(mlp, "gate_up_proj", None))
+        down = _bf16_paired(getattr(mlp, "down_proj", None))
+        if activation is None or gate_up is None or down is None or mlp.fused is not None:
+            return None
+        gate_pairs(gate_up)
+        return PairedMLP(gate_up, down, activation) if gate_up.gated_inter else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The MLP's output [T, hidden] fp32, or None when the step is for the modules
+        (an input it does not take; GELU past the native GEMM's rows, where SiLU runs
+        as FusedBlockMLP's larger steps do)."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        activated = packed_gated(x.to(torch.bfloat16), self.gate_up, None, self.activation)
+        if activated is None:
+            return None
+        return packed_linear(activated, self.down, torch.float32)
+
+
+def use_paired_mlps(model: nn.Module) -> int:
+    """Give every qualifying GatedMLP of the model's layers a PairedMLP; returns how
+    many."""
+    count = 0
+    for layer in getattr(model, "layers", []):
+        mlp = getattr(layer, "mlp", None)
+        fused = PairedMLP.build(mlp) if mlp is not None and hasattr(mlp, "fused") else None
+        if fused is not None:
+            mlp.fused = fused
+            count += 1
+    return count

@@ -1,0 +1,136 @@
+"""The whole-stack path (packed_stack.py, decoder_stack.c) beyond Llama-style GGUF
+layers: Qwen3 (q/k norms), Mistral (every layer sliding) and Gemma 3 (q/k norms,
+sandwich norms, (1 + weight) norms, GELU-tanh, sliding and full layers with their
+own rotary tables), each a tiny random bf16-weights model saved with transformers.
+The stack's final hidden states and caches equal the layer loop's (bit for bit where
+the loop runs the same kernels; Gemma 3's torch norms to float rounding), it serves
+decode steps and, where no layer slides, steps with prefill chunks; the paired MLP
+(paired_mlp.py) that both paths share equals the unfused modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.models.packed_stack import PackedStack
+from engine.models.paired_mlp import PairedMLP
+
+from tests.engine.test_packed_layer import StepRuns, _batch
+
+VOCAB = 211
+
+
+def _configs() -> dict:
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig,
+                              MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+    gemma = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=7,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"],
+        max_position_embeddings=512, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    qwen3 = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False)
+    mistral = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            sliding_window=7, max_position_embeddings=512)
+    return {"gemma3": (Gemma3ForCausalLM, gemma), "qwen3": (Qwen3ForCausalLM, qwen3),
+            "mistral": (MistralForCausalLM, mistral)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """family -> the tiny model loaded in bf16-weights."""
+    loaded = {}
+    for seed, (family, (model_type, config)) in enumerate(_configs().items()):
+        torch.manual_seed(40 + seed)
+        path = tmp_path_factory.mktemp(f"stack-{family}")
+        model_type(config).eval().save_pretrained(path)
+        loaded[family] = load_model(path, dtype="bf16-weights", progress=False)
+    return loaded
+
+
+def stack_and_loop(model, batch):
+    """(stack's hidden, caches), (loop's hidden, caches) from the same cache contents,
+    and whether the stack served the step."""
+    module, runs = model.module, StepRuns(model, batch, seed=2)
+    stacks = module.layer_stacks
+    served, results = [], []
+    try:
+        for use_stack in (True, False):
+            module.layer_stacks = [
+                lambda *args, **kwargs: served.append(stacks[0](*args, **kwargs)) or served[-1]
+            ] if use_stack else []
+            results.append(runs.run())
+    finally:
+        module.layer_stacks = stacks
+    return results[0], results[1], served[0] is not None
+
+
+DECODES = [(10 + i, 11 + i) for i in range(5)]
+MIXED = [(0, 12), (20, 21), (30, 31)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "gemma3"])
+def test_every_family_runs_its_decode_steps_on_the_stack(models, family):
+    model = models[family]
+    assert [type(s) for s in model.module.layer_stacks] == [PackedStack]
+    (stacked, stacked_caches), (looped, looped_caches), served = stack_and_loop(
+        model, _batch(VOCAB, DECODES))
+    assert served
+    if family == "gemma3":           # torch's offset norms and GELU, summed another way
+        torch.testing.assert_close(stacked, looped, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(stacked, torch.zeros_like(stacked))
+    else:
+        assert torch.equal(stacked, looped)
+    assert all(torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
+
+
+@pytest.mark.parametrize("family,served_here", [("qwen3", True), ("mistral", False),
+                                                ("gemma3", False)])
+def test_steps_with_prefill_chunks_only_without_sliding_layers(models, family, served_here):
+    (stacked, stacked_caches), (looped, looped_caches), served = stack_and_loop(
+        models[family], _batch(VOCAB, MIXED))
+    assert served == served_here
+    assert torch.equal(stacked, looped)
+    assert all(torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_paired_mlp_equals_the_unfused_modules(models, family):
+    """SiLU (Qwen3) and GELU-tanh (Gemma 3) from the gated GEMM against torch's
+    activation of the same fp32 products: within one bf16 rounding of the
+    activation, carried through down."""
+    mlp = models[family].module.layers[1].mlp
+    assert isinstance(mlp.fused, PairedMLP)
+    x = torch.randn(6, models[family].config.hidden_size, generator=torch.Generator().manual_seed(1))
+    fused = mlp(x)
+    saved, mlp.fused = mlp.fused, None
+    try:
+        unfused = mlp(x)
+    finally:
+        mlp.fused = saved
+    torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=2e-3)
+    assert (fused - unfused).abs().max() < 0.02 * unfused.abs().max()
+
+
+def test_gemma3_generates_the_same_tokens_with_and_without_the_stack(models):
+    model = models["gemma3"]
+    prompts = [[5 + i for i in range(n)] for n in (3, 9, 14)]       # past the 7-token window
+    config = GenerationConfig(max_new_tokens=10, eos_token_id=[])
+    runs = []
+    stacks = model.module.layer_stacks
+    try:
+        for layer_stacks in (stacks, []):
+            model.module.layer_stacks = layer_stacks
+            outputs = model.generate_batch(prompts, config, ContinuousBatchingConfig(page_size=8))
+            runs.append([output.generated_tokens for output in outputs.values()])
+    finally:
+        model.module.layer_stacks = stacks
+    assert runs[0] == runs[1] and all(len(tokens) == 10 for tokens in runs[0])
