@@ -83,7 +83,8 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     if full_layers or sliding_window is None:
         meta = group(None, lambda r: r.block_ids, step_queries)
     if sliding_window is not None:
-        sliding = group(sliding_window, sliding_blocks or (lambda r: r.block_ids), False)
+        sliding = group(sliding_window, sliding_blocks or (lambda r: r.block_ids),
+                        step_queries)
         meta = replace(meta or sliding, sliding=sliding)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -131,8 +132,8 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
     )
     if decode_rows and torch_meta:
         meta = _with_decodes(meta, decode_rows, decode_tables, decode_spans, page_size, device)
-    if step_queries and prefills and window is None and _short_chunks(batch):
-        meta = _with_step_queries(meta, batch, blocks_of, page_size, device)
+    if step_queries and prefills and _short_chunks(batch, window):
+        meta = _with_step_queries(meta, batch, blocks_of, page_size, device, window)
     return meta
 
 
@@ -165,27 +166,44 @@ def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
         max_seqlen_k=max(lengths), decode_fast_path=fast_path_width is not None)
 
 
-def _short_chunks(batch: ScheduledBatch) -> bool:
+def _pairs(entry, window: int | None) -> int:
+    """(query, key) pairs of an entry's rows: position p sees p + 1 keys, at most
+    `window`."""
+    if window is None or entry.end <= window:
+        return entry.num_tokens * (entry.start + entry.end + 1) // 2
+    growing = max(0, window - entry.start)        # rows still inside the first window
+    return growing * (2 * entry.start + growing + 1) // 2 + (entry.num_tokens - growing) * window
+
+
+def _short_chunks(batch: ScheduledBatch, window: int | None = None) -> bool:
     """The prefill chunks average fewer than STEP_QUERY_MAX_PAIRS (query, key) pairs."""
     chunks = [e for e in batch.entries if e.num_tokens > 1]
-    pairs = sum(e.num_tokens * (e.start + e.end + 1) // 2 for e in chunks)
-    return pairs < STEP_QUERY_MAX_PAIRS * len(chunks)
+    return sum(_pairs(e, window) for e in chunks) < STEP_QUERY_MAX_PAIRS * len(chunks)
 
 
 def _with_step_queries(meta: AttentionMetadata, batch: ScheduledBatch,
                        blocks_of: Callable[[RequestState], list[int]], page_size: int,
-                       device: torch.device) -> AttentionMetadata:
-    """Every row of the step as one query over its request's context (full attention
-    only): the native kernel then runs decodes and prefill chunks in one call."""
-    tables = [blocks_of(entry.request) for entry in batch.entries]
-    slots, _ = _context_slots(tables, [(0, entry.end) for entry in batch.entries], page_size,
+                       device: torch.device, window: int | None = None) -> AttentionMetadata:
+    """Every row of the step as one query over its request's context (in a window,
+    the window's part, AttentionMetadata.step_starts): the native kernel then runs
+    decodes and prefill chunks in one call."""
+    entries = batch.entries
+    firsts = [0 if window is None else max(0, e.start - window + 1) for e in entries]
+    slots, _ = _context_slots([blocks_of(e.request) for e in entries],
+                              [(first, e.end) for first, e in zip(firsts, entries)], page_size,
                               device)
-    rows = [index for index, entry in enumerate(batch.entries) for _ in range(entry.num_tokens)]
-    lengths = [position + 1 for entry in batch.entries
-               for position in range(entry.start, entry.end)]
+    rows = [index for index, entry in enumerate(entries) for _ in range(entry.num_tokens)]
+    keys_from = [0 if window is None else max(0, p - window + 1)
+                 for e in entries for p in range(e.start, e.end)]
+    lengths = [p + 1 - first for p, first in zip(
+        (p for e in entries for p in range(e.start, e.end)), keys_from)]
+    starts = None if window is None else torch.tensor(
+        [first - firsts[row] for first, row in zip(keys_from, rows)], dtype=torch.long,
+        device=device)
     return replace(meta, step_kv_slots=slots,
                    step_slot_rows=torch.tensor(rows, dtype=torch.long, device=device),
-                   step_lengths=torch.tensor(lengths, dtype=torch.long, device=device))
+                   step_lengths=torch.tensor(lengths, dtype=torch.long, device=device),
+                   step_starts=starts)
 
 
 def _context_slots(tables: list[list[int | None]], spans: list[tuple[int, int]],

@@ -56,16 +56,21 @@ class AttentionMetadata:
     """[D] long: how many leading entries of each decode_kv_slots row are real
     context (the rest is padding)."""
     step_kv_slots: torch.Tensor | None = None
-    """Steps with prefill rows, full attention only: [R, L] long, the slots of each
-    request's context positions 0..end-1, padded like decode_kv_slots. With
-    step_slot_rows and step_lengths, every row of the step is one query of the native
-    attention kernel."""
+    """Steps with prefill rows: [R, L] long, the slots of each request's context
+    positions 0..end-1 (in a window, from the first one its first row sees), padded
+    like decode_kv_slots. With step_slot_rows, step_lengths and step_starts, every row
+    of the step is one query of the native attention kernel."""
     step_slot_rows: torch.Tensor | None = None
     """[T] long: the request (row of step_kv_slots) of each row of the step."""
     step_lengths: torch.Tensor | None = None
-    """[T] long: the keys each row attends to: its position + 1 (causal).
-    Worked example: a request at rows 4..6 feeding positions 10..12 has step_slot_rows
-    [r, r, r] and step_lengths [11, 12, 13]."""
+    """[T] long: the keys each row attends to: its position + 1 (causal), at most the
+    window. Worked example: a request at rows 4..6 feeding positions 10..12 has
+    step_slot_rows [r, r, r] and step_lengths [11, 12, 13]."""
+    step_starts: torch.Tensor | None = None
+    """Sliding-window groups: [T] long, the entry of its step_kv_slots row each row's
+    keys start at (None: 0). Worked example, window 4: that request's row holds
+    positions 7..12 (7 = 10 - 4 + 1, the first key of position 10); step_starts
+    [0, 1, 2], step_lengths [4, 4, 4]: position 12 reads positions 9..12."""
     block_table: torch.Tensor | None = None
     """Backends that page through block tables (flash attention): [R, W] int32, row r
     the block ids of request r, padded to W with block 0 (never read: past the

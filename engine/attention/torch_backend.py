@@ -66,11 +66,12 @@ class TorchPagedAttention:
             return self._decode(query, flat_keys, flat_values, meta, scale)
         kernels = _native_kernels(flat_keys)
         if kernels is not None and meta.step_kv_slots is not None:
-            # every row one query over its request's causal context: one call per layer
-            # for all prefill chunks and decodes (not an SDPA call per chunk)
+            # every row one query over its request's causal context (or its window's
+            # part): one call per layer for all prefill chunks and decodes (not an SDPA
+            # call per chunk)
             return kernels.paged_decode_attention(
                 query.float(), flat_keys, flat_values, meta.step_kv_slots, meta.step_lengths,
-                scale, slot_rows=meta.step_slot_rows).to(query.dtype)
+                scale, slot_rows=meta.step_slot_rows, starts=meta.step_starts).to(query.dtype)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D]
         if meta.decode_rows is not None:
             output[meta.decode_rows] = self._decode(query, flat_keys, flat_values, meta, scale)

@@ -32,8 +32,8 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
                             values, kv_bf16);
         if (!status)
             status = paged_decode_attention(qkv, width_qkv, keys, values, kv_bf16, slots, NULL,
-                                            tokens, lengths, tokens, width, heads, kv_heads, dim,
-                                            scale, context, num_threads);
+                                            NULL, tokens, lengths, tokens, width, heads,
+                                            kv_heads, dim, scale, context, num_threads);
         if (!status)
             status = q4_gemm(context, tokens, heads * dim, o_q, o_d, o_m, hidden, y, num_threads);
         for (int64_t i = 0; !status && i < tokens * hidden; i++) y[i] += x[i];

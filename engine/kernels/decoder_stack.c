@@ -27,9 +27,9 @@
  * Gemma's (1 + weight) norms arrive with 1 + weight precomputed, so every norm is
  * rms_norm's x / rms(x) * weight.
  *
- * Attention: row t of a layer of group g attends to the first lengths[t] slots of
- * slots row slot_rows[t] (row t without slot_rows) of groups[g], as
- * paged_decode_attention reads them. */
+ * Attention: row t of a layer of group g attends to lengths[t] slots of slots row
+ * slot_rows[t] (row t without slot_rows) of groups[g], from entry starts[t] (0
+ * without starts), as paged_decode_attention reads them. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -65,6 +65,7 @@ typedef struct {                     /* one attention group's view of the step *
     const int64_t *slot_mapping;     /* [T] */
     const int64_t *slots;            /* [num_rows, width] */
     const int64_t *slot_rows;        /* [T] or NULL */
+    const int64_t *starts;           /* [T] or NULL */
     int64_t num_rows;
     const int64_t *lengths;          /* [T] */
     int64_t width;
@@ -120,9 +121,10 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
                             shape->kv_bf16, num_threads);
     if (!status)
         status = paged_decode_attention(b->qkv, width_qkv, layer->keys, layer->values,
-                                        shape->kv_bf16, g->slots, g->slot_rows, g->num_rows,
-                                        g->lengths, tokens, g->width, heads, shape->kv_heads,
-                                        dim, shape->scale, b->context, num_threads);
+                                        shape->kv_bf16, g->slots, g->slot_rows, g->starts,
+                                        g->num_rows, g->lengths, tokens, g->width, heads,
+                                        shape->kv_heads, dim, shape->scale, b->context,
+                                        num_threads);
     if (status) return status;
     store_cached(b->context_bf16, 1, 0, b->context, tokens * heads * dim);
     status = bf16_gemm(b->context_bf16, heads * dim, layer->o, tokens, heads * dim, hidden,

@@ -19,7 +19,7 @@ SIGNATURES = {
     # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
     "q4_attention_block": "psspfppppppppippssssfppppi", "q4_mlp_block": "psspfpppsppppi",
-    "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppippspsssssfpi",
+    "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppipppspsssssfpi",
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
@@ -209,12 +209,13 @@ class NativeKernels:
     def paged_decode_attention(self, query: torch.Tensor, keys: torch.Tensor,
                                values: torch.Tensor, slots: torch.Tensor,
                                lengths: torch.Tensor, scale: float,
-                               slot_rows: torch.Tensor | None = None) -> torch.Tensor:
+                               slot_rows: torch.Tensor | None = None,
+                               starts: torch.Tensor | None = None) -> torch.Tensor:
         """query [B, H, D] fp32, each query's [H, D] contiguous (rows may be strided,
         e.g. the q part of a fused qkv); keys, values [num_slots, KVH, D] (the flat
-        cache), both fp32 or both bf16; slots [R, L] long; query b attends to the first
-        lengths[b] slots of row slot_rows[b] (row b without slot_rows) -> out [B, H, D]
-        fp32 (see paged_attention.c)."""
+        cache), both fp32 or both bf16; slots [R, L] long; query b attends to
+        lengths[b] slots of row slot_rows[b] (row b without slot_rows) from entry
+        starts[b] (0 without starts) -> out [B, H, D] fp32 (see paged_attention.c)."""
         batch, heads, dim = query.shape
         if query.stride(2) != 1 or query.stride(1) != dim:
             query = query.contiguous()
@@ -229,6 +230,10 @@ class NativeKernels:
                 raise ValueError("paged_decode_attention: slot_rows must be [B] int64")
         elif slots.shape[0] != batch:
             raise ValueError("paged_decode_attention: one slots row per query without slot_rows")
+        if starts is not None:
+            starts = starts.contiguous()
+            if starts.dtype != torch.int64 or starts.shape != (batch,):
+                raise ValueError("paged_decode_attention: starts must be [B] int64")
         cache_dtype = keys.dtype if keys.dtype == torch.bfloat16 else torch.float32
         for name, tensor, dtype in (("query", query.select(0, 0) if batch else query,
                                      torch.float32), ("keys", keys, cache_dtype),
@@ -241,7 +246,8 @@ class NativeKernels:
         status = self._library.paged_decode_attention(
             query.data_ptr(), query.stride(0), keys.data_ptr(), values.data_ptr(),
             int(cache_dtype == torch.bfloat16), slots.data_ptr(),
-            None if slot_rows is None else slot_rows.data_ptr(), slots.shape[0],
+            None if slot_rows is None else slot_rows.data_ptr(),
+            None if starts is None else starts.data_ptr(), slots.shape[0],
             lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
             out.data_ptr(), self.num_threads)
         if status:

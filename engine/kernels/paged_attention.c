@@ -2,10 +2,13 @@
  * arithmetic), one query row at a time.
  *
  * Every query b (a decode request, or one row of a prefill chunk) has one query per
- * head, q[b, H, D], and a context of lengths[b] cache slots listed at the start of
- * its row of slots: row b, or slot_rows[b] when the rows of one prefill chunk share
- * their request's row (query i of a chunk starting at position s has length s + i + 1:
- * causal). Padding after a context is never read. The caches are flat
+ * head, q[b, H, D], and a context of lengths[b] cache slots listed in its row of
+ * slots (row b, or slot_rows[b] when the rows of one prefill chunk share their
+ * request's row), from entry starts[b] (0 without starts). Full attention: query i of
+ * a chunk starting at position s reads entries 0 .. s + i (causal). A sliding window
+ * W starts each query further in: with the row holding positions f, f + 1, ..., the
+ * query at position p reads max(0, p - W + 1) - f onwards, min(p + 1, W) entries.
+ * Padding around a context is never read. The caches are flat
  * [num_slots, KVH, D]: slot s of KV head h starts at (s * KVH + h) * D. Query heads
  * h*G .. h*G+G-1 share KV head h (G = H / KVH, GQA).
  *
@@ -37,6 +40,7 @@ typedef struct {
     int kv_bf16;
     const int64_t *slots, *lengths;
     const int64_t *slot_rows; /* query b reads slots row slot_rows[b]; NULL: row b */
+    const int64_t *starts;    /* from entry starts[b] of that row; NULL: entry 0 */
     int64_t batch, width, heads, kv_heads, dim;
     int64_t q_stride;        /* floats from one request's queries to the next's */
     float scale;
@@ -115,7 +119,8 @@ static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int6
                          float *scores, float *result) {
     const int64_t heads = job->heads, group = heads / job->kv_heads, dim = job->dim;
     const int64_t count = end - start, record = job->kv_heads * dim;
-    const int64_t *row = job->slots + (job->slot_rows ? job->slot_rows[b] : b) * job->width + start;
+    const int64_t *row = job->slots + (job->slot_rows ? job->slot_rows[b] : b) * job->width
+                         + (job->starts ? job->starts[b] : 0) + start;
     const float *q = job->q + b * job->q_stride;                        /* [H, D] */
     const int bf16 = job->kv_bf16, dot_bf16 = bf16 && attention_bf16_apply(dim);
     const int vector = dot_bf16 || attention_vectors_apply(dim);
@@ -224,14 +229,16 @@ static int64_t choose_chunks(int64_t requests, int64_t longest, int parts) {
  * [batch, heads, dim]. Returns 0, or an error code (see paged_decode_attention). */
 static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          const void *values, int kv_bf16, const int64_t *slots,
-                         const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
-                         int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
-                         int64_t dim, float scale, float *out, int num_threads) {
+                         const int64_t *slot_rows, const int64_t *starts, int64_t num_rows,
+                         const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
+                         int64_t kv_heads, int64_t dim, float scale, float *out,
+                         int num_threads) {
     if (batch <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return 1;
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++) {
-        if (lengths[b] < 1 || lengths[b] > width) return 3;
+        const int64_t first = starts ? starts[b] : 0;
+        if (lengths[b] < 1 || first < 0 || first + lengths[b] > width) return 3;
         if (slot_rows && (slot_rows[b] < 0 || slot_rows[b] >= num_rows)) return 4;
         longest = lengths[b] > longest ? lengths[b] : longest;
     }
@@ -248,7 +255,7 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
     }
     WorkRanges items;
     work_ranges_init(&items, batch * chunks, parts);
-    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, batch, width,
+    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, starts, batch, width,
                         heads, kv_heads, dim, q_stride, scale, out, chunks, span, scratch,
                         partials, &items};
     run_parallel(attention_part, &job, parts);
@@ -261,12 +268,14 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
 /* q: query b's [H, D] start at q + b * q_stride (a step's fused qkv rows serve as they
  * are). slot_rows (or NULL: row b) names the row of slots [num_rows, width] query b
  * reads: the rows of one prefill chunk share their request's row, each with its own
- * length (its position + 1), so a whole mixed step is one call. */
+ * length (its position + 1, or its window's part) and, in a sliding window, start
+ * (starts, or NULL: 0), so a whole mixed step is one call. */
 int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
                            const void *values, int kv_bf16, const int64_t *slots,
-                           const int64_t *slot_rows, int64_t num_rows, const int64_t *lengths,
-                           int64_t batch, int64_t width, int64_t heads, int64_t kv_heads,
-                           int64_t dim, float scale, float *out, int num_threads) {
-    return attention_run(q, q_stride, keys, values, kv_bf16, slots, slot_rows, num_rows,
+                           const int64_t *slot_rows, const int64_t *starts, int64_t num_rows,
+                           const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
+                           int64_t kv_heads, int64_t dim, float scale, float *out,
+                           int num_threads) {
+    return attention_run(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, num_rows,
                          lengths, batch, width, heads, kv_heads, dim, scale, out, num_threads);
 }

@@ -34,8 +34,8 @@ Per step it applies when the loop would take the native paths throughout: rows p
 the block kernels', fp32 hidden states, the cache layout packed_layer.step_fits
 accepts, and the native attention's contexts for every group (decode-only steps: one
 row per request; steps with prefill chunks: a row per query, for chunks short enough,
-batch.STEP_QUERY_MAX_PAIRS, and only where no layer slides). Otherwise it returns
-None and the layer loop runs.
+batch.STEP_QUERY_MAX_PAIRS, each over its window's part of the context in sliding
+layers). Otherwise it returns None and the layer loop runs.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class _Shape(ctypes.Structure):            # decoder_stack.c's StackShape
 class _Group(ctypes.Structure):            # decoder_stack.c's StackGroup
     _fields_ = [("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("slot_mapping", ctypes.c_void_p), ("slots", ctypes.c_void_p),
-                ("slot_rows", ctypes.c_void_p), ("num_rows", ctypes.c_int64),
+                ("slot_rows", ctypes.c_void_p), ("starts", ctypes.c_void_p),
+                ("num_rows", ctypes.c_int64),
                 ("lengths", ctypes.c_void_p), ("width", ctypes.c_int64)]
 
 
@@ -147,17 +148,16 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
 
 
 def _contexts(meta) -> tuple | None:
-    """(slots, lengths, slot_rows or None) of the native attention for this step."""
+    """(slots, lengths, slot_rows or None, starts or None) of the native attention for
+    this step of one attention group."""
     if meta is None:
         return None
     if not meta.prefills:
-        found = (meta.decode_kv_slots, meta.decode_lengths, None)
+        found = (meta.decode_kv_slots, meta.decode_lengths, None, None)
     else:
-        found = (meta.step_kv_slots, meta.step_lengths, meta.step_slot_rows)
-    if any(t is None or t.dtype != torch.int64 or not t.is_contiguous() for t in found[:2]):
-        return None
-    rows = found[2]
-    if rows is not None and (rows.dtype != torch.int64 or not rows.is_contiguous()):
+        found = (meta.step_kv_slots, meta.step_lengths, meta.step_slot_rows, meta.step_starts)
+    if any(t is None for t in found[:2]) or any(
+            t is not None and (t.dtype != torch.int64 or not t.is_contiguous()) for t in found):
         return None
     return found
 
@@ -236,11 +236,12 @@ class PackedStack:
                                                  kv_cache.key_caches[index],
                                                  kv_cache.value_caches[index]):
                 return None
-            slots, lengths, slot_rows = contexts
+            slots, lengths, slot_rows, starts = contexts
+            pointer = lambda t: None if t is None else t.data_ptr()     # noqa: E731
             groups[group] = _Group(group_cos.data_ptr(), group_sin.data_ptr(),
                                    group_meta.slot_mapping.data_ptr(), slots.data_ptr(),
-                                   None if slot_rows is None else slot_rows.data_ptr(),
-                                   slots.shape[0], lengths.data_ptr(), slots.shape[1])
+                                   pointer(slot_rows), pointer(starts), slots.shape[0],
+                                   lengths.data_ptr(), slots.shape[1])
         return groups
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

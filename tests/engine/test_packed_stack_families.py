@@ -37,7 +37,7 @@ def _configs() -> dict:
                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
                         tie_word_embeddings=False)
-    mistral = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80,
+    mistral = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=80,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             sliding_window=7, max_position_embeddings=512)
     return {"gemma3": (Gemma3ForCausalLM, gemma), "qwen3": (Qwen3ForCausalLM, qwen3),
@@ -74,16 +74,11 @@ def stack_and_loop(model, batch):
 
 
 DECODES = [(10 + i, 11 + i) for i in range(5)]
-MIXED = [(0, 12), (20, 21), (30, 31)]
+MIXED = [(0, 12), (20, 21), (30, 31), (9, 14)]      # chunks longer than the 7-token window
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "gemma3"])
-def test_every_family_runs_its_decode_steps_on_the_stack(models, family):
-    model = models[family]
-    assert [type(s) for s in model.module.layer_stacks] == [PackedStack]
-    (stacked, stacked_caches), (looped, looped_caches), served = stack_and_loop(
-        model, _batch(VOCAB, DECODES))
-    assert served
+def assert_same(stacked_run, looped_run, family: str) -> None:
+    (stacked, stacked_caches), (looped, looped_caches) = stacked_run, looped_run
     if family == "gemma3":           # torch's offset norms and GELU, summed another way
         torch.testing.assert_close(stacked, looped, rtol=1e-5, atol=1e-5)
         assert not torch.equal(stacked, torch.zeros_like(stacked))
@@ -92,14 +87,16 @@ def test_every_family_runs_its_decode_steps_on_the_stack(models, family):
     assert all(torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
 
 
-@pytest.mark.parametrize("family,served_here", [("qwen3", True), ("mistral", False),
-                                                ("gemma3", False)])
-def test_steps_with_prefill_chunks_only_without_sliding_layers(models, family, served_here):
-    (stacked, stacked_caches), (looped, looped_caches), served = stack_and_loop(
-        models[family], _batch(VOCAB, MIXED))
-    assert served == served_here
-    assert torch.equal(stacked, looped)
-    assert all(torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("shapes", [DECODES, MIXED], ids=["decodes", "mixed"])
+def test_every_family_runs_its_steps_on_the_stack(models, family, shapes):
+    """Decode steps, and steps with prefill chunks (in sliding layers each row over
+    its window's part of the context)."""
+    model = models[family]
+    assert [type(s) for s in model.module.layer_stacks] == [PackedStack]
+    stacked, looped, served = stack_and_loop(model, _batch(VOCAB, shapes))
+    assert served
+    assert_same(stacked, looped, family)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])

@@ -108,6 +108,33 @@ def test_prefill_rows_share_their_requests_slot_row(kernels, monkeypatch, thread
                                        slot_rows=slot_rows + 1)     # row 3 does not exist
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_window_rows_start_inside_their_requests_slot_row(kernels, monkeypatch, threads):
+    """Sliding-window rows: query b reads lengths[b] slots of its row from entry
+    starts[b]. Window 4: a chunk at positions 10..12 whose row holds positions 7..12
+    reads entries 0..3, 1..4, 2..5; a decode whose row is its window, all of it."""
+    monkeypatch.setattr(kernels, "num_threads", threads)
+    generator = torch.Generator().manual_seed(22)
+    keys = torch.randn(100, 2, 32, generator=generator)
+    values = torch.randn(100, 2, 32, generator=generator)
+    slots = torch.randperm(100, generator=generator)[:2 * 6].view(2, 6)
+    slot_rows, starts = torch.tensor([0, 0, 0, 1]), torch.tensor([0, 1, 2, 0])
+    lengths = torch.tensor([4, 4, 4, 4])
+    query = torch.randn(4, 4, 32, generator=generator)
+    got = kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.2,
+                                         slot_rows=slot_rows, starts=starts)
+    windows = torch.stack([slots[r, s:s + 4] for r, s in zip(slot_rows, starts)])
+    want = reference(query, keys, values, windows, lengths, 0.2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    unshifted = kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.2,
+                                               slot_rows=slot_rows)
+    assert not torch.allclose(got[1:3], unshifted[1:3])
+    for bad in (torch.tensor([0, 1, 3, 0]), torch.tensor([-1, 0, 0, 0])):   # past / before
+        with pytest.raises(RuntimeError):
+            kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.2,
+                                           slot_rows=slot_rows, starts=bad)
+
+
 def test_kernel_refuses_what_it_cannot_read(kernels):
     keys = torch.zeros(8, 1, 16)
     query = torch.zeros(1, 2, 16)

@@ -65,3 +65,29 @@ def test_long_chunks_keep_sdpa_and_short_ones_share_one_call():
     assert build_step_inputs(_batch([long_prompt]), 16, cpu,
                              step_queries=True).meta.step_kv_slots is None
     assert build_step_inputs(_batch([20]), 16, cpu).meta.step_kv_slots is None
+
+
+def test_sliding_window_rows_read_their_windows_part():
+    """The sliding group's rows: window 4, page 4. Request 0 feeds positions 10..12
+    (its row holds positions 7..12: the first key of position 10 is 7), request 1
+    decodes at position 5 (positions 2..5); every row reads 4 keys, from the entry
+    where its own window starts. The full group keeps whole causal contexts."""
+    cpu = torch.device("cpu")
+    chunk = RequestState("c", [5] * 13, 4, (), SamplingParams())
+    decode = RequestState("d", [5] * 6, 4, (), SamplingParams())
+    chunk.block_ids, decode.block_ids = [3, 9, 4, 6], [7, 8]
+    batch = ScheduledBatch([ScheduledRequest(chunk, 10, 3, True),
+                            ScheduledRequest(decode, 5, 1, True)], [])
+    meta = build_step_inputs(batch, 4, cpu, sliding_window=4, step_queries=True).meta
+    window = meta.sliding
+    slot = lambda blocks, p: blocks[p // 4] * 4 + p % 4          # noqa: E731
+    assert window.step_kv_slots[0].tolist() == [slot(chunk.block_ids, p) for p in range(7, 13)]
+    assert window.step_kv_slots[1, :4].tolist() == [slot(decode.block_ids, p)
+                                                    for p in range(2, 6)]
+    assert window.step_slot_rows.tolist() == [0, 0, 0, 1]
+    assert window.step_starts.tolist() == [0, 1, 2, 0]
+    assert window.step_lengths.tolist() == [4, 4, 4, 4]
+    assert meta.step_starts is None and meta.step_lengths.tolist() == [11, 12, 13, 6]
+    wide = build_step_inputs(batch, 4, cpu, sliding_window=64, step_queries=True).meta.sliding
+    assert wide.step_starts.tolist() == [0, 0, 0, 0]      # a window past every position
+    assert wide.step_lengths.tolist() == [11, 12, 13, 6]
