@@ -16,6 +16,10 @@ def tiny_models(tmp_path_factory):
     for index, family in enumerate(TINY_FAMILIES):
         torch.manual_seed(1234 + index)
         reference = model_class(family)(tiny_config(family)).eval()
+        with torch.no_grad():            # transformers starts biases (Qwen2's qkv) at zero
+            for name, parameter in reference.named_parameters():
+                if name.endswith(".bias"):
+                    parameter.normal_(0.0, 0.5)
         path = tmp_path_factory.mktemp(f"tiny-{family}")
         reference.save_pretrained(path)
         models[family] = (path, reference)

@@ -1,9 +1,10 @@
 /* Every decoder layer of a model with bf16 weights packed in pairs, for one step
  * (decode rows, short prefill chunks, any row count), in one native call
- * (models/packed_stack.py). Llama-style layers, and the variants of Qwen3 (RMSNorm
- * of each q and k head), Gemma 3 (those too, plus norms on the attention's and the
- * MLP's outputs, (1 + weight) norms, GELU) and hybrid sliding-window models (each
- * layer reads the contexts and rotary tables of its attention group).
+ * (models/packed_stack.py). Llama-style layers, and the variants of Qwen2 (a qkv
+ * bias), Qwen3 (RMSNorm of each q and k head), Gemma 3 (that too, plus norms on the
+ * attention's and the MLP's outputs, (1 + weight) norms, GELU) and hybrid
+ * sliding-window models (each layer reads the contexts and rotary tables of its
+ * attention group).
  *
  * The Python layer loop costs two things on steps of this size: its own time (~12
  * calls per layer, each with its checks and tensor allocations, while the kernels'
@@ -14,7 +15,7 @@
  * is bit-identical to the packed layers' loop (tests/engine/test_packed_stack.py):
  *
  *   h   = rms_norm(x)                        bf16
- *   qkv = h @ Wqkv                           fp32; [q_norm, k_norm per head]; rope on
+ *   qkv = h @ Wqkv [+ bias]                  fp32; [q_norm, k_norm per head]; rope on
  *                                            q, k; k, v to the cache
  *   a   = attention(q, cache)                fp32, rounded to bf16
  *   o   = a @ Wo                             fp32
@@ -51,6 +52,7 @@ typedef struct {
     const float *mlp_out_norm;       /* [hidden] on down's output, or NULL */
     float qk_eps, out_eps;
     int group;                       /* which StackGroup this layer's attention reads */
+    const float *qkv_bias;           /* [(H + 2 KVH) D] added to qkv (Qwen2), or NULL */
 } StackLayer;
 
 typedef struct {
@@ -114,6 +116,10 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
     if (!status)
         status = bf16_gemm(b->normed, hidden, layer->qkv, tokens, hidden, width_qkv, b->qkv,
                            width_qkv, 0, 0, num_threads);
+    if (!status && layer->qkv_bias)
+        for (int64_t t = 0; t < tokens; t++)
+            for (int64_t i = 0; i < width_qkv; i++)
+                b->qkv[t * width_qkv + i] = b->qkv[t * width_qkv + i] + layer->qkv_bias[i];
     if (!status && layer->q_norm) norm_heads(layer, shape, b->qkv, tokens);
     if (!status)
         status = rope_store(b->qkv, tokens, heads, shape->kv_heads, dim, g->cos, g->sin,

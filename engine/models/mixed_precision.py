@@ -46,7 +46,8 @@ class Bf16WeightLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(
-            linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+            linear.bias.detach().float(), requires_grad=False)
+        """fp32, added to the fp32 product (Qwen2's qkv): no bf16 rounding between."""
         self.packed = None
 
     def pack_dense(self) -> bool:
@@ -54,11 +55,11 @@ class Bf16WeightLinear(nn.Module):
         return pack_in_place(self, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and self.bias is None:
-            return packed_linear(x.to(torch.bfloat16), self.packed, x.dtype)
         if self.packed is not None:
-            return (packed_linear(x.to(torch.bfloat16), self.packed) + self.bias).to(x.dtype)
-        return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
+            y = packed_linear(x.to(torch.bfloat16), self.packed, x.dtype)
+        else:
+            y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
 RESCORED_CANDIDATES = 16

@@ -9,7 +9,8 @@ whose attention projections hold packed oneDNN weights of one dtype (fp32, or bf
 bf16-weights), this path calls the pieces directly:
 
     h = rms_norm(x), written in the weights' dtype (the modules cast it after)
-    qkv = h @ Wqkv in fp32; rotate q and k, store k and v (rope_store)
+    qkv = h @ Wqkv in fp32 (+ Qwen2's fp32 bias); rotate q and k, store k and v
+        (rope_store)
     a = the backend's attention over the cache (already written)
     x = x + a @ Wo
     x = x + mlp(x): for GGUF layers and SiLU MLPs in gate/up pairs (paired_mlp.py)
@@ -35,16 +36,27 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packed_of(module: nn.Module) -> PackedWeight | None:
+    """The module's packed weight, where it has one and no bias."""
     packed = getattr(module, "packed", None)
     usable = packed is not None and getattr(module, "bias", None) is None
     return packed if usable else None
+
+
+def packed_with_bias(module: nn.Module) -> tuple[PackedWeight | None, torch.Tensor | None]:
+    """(packed weight, its fp32 bias or None), or (None, None) where the module has no
+    packed weight or a bias of another dtype (Qwen2's qkv carries a bias)."""
+    packed, bias = getattr(module, "packed", None), getattr(module, "bias", None)
+    if packed is None or (bias is not None and (bias.dtype != torch.float32
+                                                or bias.device.type != "cpu")):
+        return None, None
+    return packed, None if bias is None else bias.detach().contiguous()
 
 
 class PackedLayer:
     def __init__(self, layer: nn.Module, kernels) -> None:
         attn = layer.self_attn
         self.attn, self.layer, self.kernels = attn, layer, kernels
-        self.qkv, self.o = packed_of(attn.qkv_proj), packed_of(attn.o_proj)
+        (self.qkv, self.qkv_bias), self.o = packed_with_bias(attn.qkv_proj), packed_of(attn.o_proj)
         self.dtype = self.qkv.dtype
         self.first, self.second = layer.input_layernorm, layer.post_attention_layernorm
         fused = layer.mlp.fused
@@ -58,11 +70,12 @@ class PackedLayer:
     @staticmethod
     def applies(layer: nn.Module) -> bool:
         """A Llama-style layer (plain RMSNorms, no q/k norm, full attention) whose qkv
-        and o projections are packed, without bias, in one dtype."""
+        (with or without an fp32 bias, as Qwen2's) and o (without) projections are
+        packed in one dtype."""
         attn = getattr(layer, "self_attn", None)
         if attn is None or getattr(attn, "q_norm", None) is not None or attn.is_sliding:
             return False
-        qkv, o = packed_of(attn.qkv_proj), packed_of(attn.o_proj)
+        (qkv, _), o = packed_with_bias(attn.qkv_proj), packed_of(attn.o_proj)
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         return (qkv is not None and o is not None and qkv.dtype == o.dtype
                 and qkv.dtype in PACKED_DTYPES and not hasattr(layer, "pre_feedforward_layernorm")
@@ -82,6 +95,8 @@ class PackedLayer:
         fp32 = torch.float32
         qkv = packed_linear(kernels.rms_norm(hidden, self.first.weight, self.first.eps,
                                              self.dtype), self.qkv, fp32)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         out = attn.attend_native(qkv, cos, sin, key_cache, value_cache, meta, backend, kernels)
         hidden = hidden + packed_linear(out.to(self.dtype), self.o, fp32)
         if self.gate_up is None:

@@ -18,12 +18,13 @@ fp32 and faster: 32 chunks of 67 tokens after a shared 31-token prefix (the c=32
 server benchmark's wave), 1,300 -> 1,240 ms (docs/benchmarks.md). It then equals the
 loop run with the native GEMM at every size, bit for bit.
 
-Layers it takes: Llama-style ones, Qwen3's (a norm on every q and k head), Gemma 3's
+Layers it takes: Llama-style ones, Qwen2's (a bias on qkv), Qwen3's (a norm on every
+q and k head), Gemma 3's
 (those, norms on the attention's and the MLP's outputs, (1 + weight) norms, GELU)
 and sliding-window ones (Mistral, Gemma 3's local layers: each layer reads its
 attention group's contexts and, for Gemma 3, its own rotary tables), with bf16
-weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases, and
-the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
+weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases but
+qkv's, and the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
 bf16-weights, Gemma 3 270M) have no block kernels, so the stack serves their steps
 from one row up: for Gemma 3 270M a one-request decode step took 29-30 ms, now
 18-21 ms (docs/benchmarks.md). Qwen3's and Mistral's stack equals their loop bit for
@@ -48,7 +49,7 @@ from torch import nn
 
 from ..kernels.native import GATED_ACTIVATIONS
 from .block_weights import BlockLinear
-from .packed_layer import packed_of, step_fits
+from .packed_layer import packed_of, packed_with_bias, step_fits
 from .paired_mlp import FUSED_ACTIVATIONS
 
 FULL, SLIDING = 0, 1                                  # StackLayer.group
@@ -64,7 +65,7 @@ class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
                 ("qk_eps", ctypes.c_float), ("out_eps", ctypes.c_float),
-                ("group", ctypes.c_int)]
+                ("group", ctypes.c_int), ("qkv_bias", ctypes.c_void_p)]
 
 
 class _Shape(ctypes.Structure):            # decoder_stack.c's StackShape
@@ -111,8 +112,8 @@ def _weights(layer: nn.Module) -> tuple | None:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None:
         return None
-    packed = [packed_of(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                     mlp.down_proj)]
+    packed = [packed_with_bias(attn.qkv_proj)[0]] + [
+        packed_of(m) for m in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     activation = FUSED_ACTIVATIONS.get(getattr(mlp, "act_name", None))
     if activation is None or any(p is None or p.pairs is None or p.dtype != torch.bfloat16
                                  for p in packed):
@@ -137,13 +138,16 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
     scaled = [_norm_weight(n) for n in norms]
     pointers = [None if t is None else t.data_ptr() for t in scaled]
     qkv, o, gate_up, down, _ = weights
+    bias = packed_with_bias(layer.self_attn.qkv_proj)[1]
     entry = _Layer(pointers[0], pointers[1], first.eps, second.eps, qkv.pairs.data_ptr(),
                    o.pairs.data_ptr(), gate_up.pairs.data_ptr(), down.pairs.data_ptr(),
                    None, None, 0, pointers[4], pointers[5], pointers[2], pointers[3],
                    0.0 if q_norm is None else q_norm.eps,
                    0.0 if attn_out is None else attn_out.eps,
-                   SLIDING if layer.self_attn.is_sliding else FULL)
-    kept = [t for t in scaled if t is not None] + [p.pairs for p in (qkv, o, gate_up, down)]
+                   SLIDING if layer.self_attn.is_sliding else FULL,
+                   None if bias is None else bias.data_ptr())
+    kept = [t for t in scaled + [bias] if t is not None] + [
+        p.pairs for p in (qkv, o, gate_up, down)]
     return entry, kept
 
 

@@ -1,11 +1,13 @@
 """The whole-stack path (packed_stack.py, decoder_stack.c) beyond Llama-style GGUF
-layers: Qwen3 (q/k norms), Mistral (every layer sliding) and Gemma 3 (q/k norms,
-sandwich norms, (1 + weight) norms, GELU-tanh, sliding and full layers with their
-own rotary tables), each a tiny random bf16-weights model saved with transformers.
-The stack's final hidden states and caches equal the layer loop's (bit for bit where
-the loop runs the same kernels; Gemma 3's torch norms to float rounding), it serves
-decode steps and, where no layer slides, steps with prefill chunks; the paired MLP
+layers: Qwen2 (a qkv bias), Qwen3 (q/k norms), Mistral (every layer sliding) and
+Gemma 3 (q/k norms, sandwich norms, (1 + weight) norms, GELU-tanh, sliding and full
+layers with their own rotary tables), each a tiny random bf16-weights model saved
+with transformers. The stack's final hidden states and caches equal the layer loop's
+(bit for bit where the loop runs the same kernels; Gemma 3's torch norms to float
+rounding) on decode steps and on steps with prefill chunks (sliding layers: each row
+over its window); Qwen2's packed layers equal its modules; the paired MLP
 (paired_mlp.py) that both paths share equals the unfused modules."""
+
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ VOCAB = 211
 
 def _configs() -> dict:
     from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig,
-                              MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     gemma = Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -40,8 +43,11 @@ def _configs() -> dict:
     mistral = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=80,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             sliding_window=7, max_position_embeddings=512)
+    qwen2 = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True)
     return {"gemma3": (Gemma3ForCausalLM, gemma), "qwen3": (Qwen3ForCausalLM, qwen3),
-            "mistral": (MistralForCausalLM, mistral)}
+            "mistral": (MistralForCausalLM, mistral), "qwen2": (Qwen2ForCausalLM, qwen2)}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,12 @@ def models(tmp_path_factory):
     for seed, (family, (model_type, config)) in enumerate(_configs().items()):
         torch.manual_seed(40 + seed)
         path = tmp_path_factory.mktemp(f"stack-{family}")
-        model_type(config).eval().save_pretrained(path)
+        reference = model_type(config).eval()
+        with torch.no_grad():
+            for name, parameter in reference.named_parameters():
+                if name.endswith(".bias"):          # transformers starts them at zero
+                    parameter.normal_(0.0, 0.5)
+        reference.save_pretrained(path)
         loaded[family] = load_model(path, dtype="bf16-weights", progress=False)
     return loaded
 
@@ -87,7 +98,7 @@ def assert_same(stacked_run, looped_run, family: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma3"])
 @pytest.mark.parametrize("shapes", [DECODES, MIXED], ids=["decodes", "mixed"])
 def test_every_family_runs_its_steps_on_the_stack(models, family, shapes):
     """Decode steps, and steps with prefill chunks (in sliding layers each row over
@@ -97,6 +108,21 @@ def test_every_family_runs_its_steps_on_the_stack(models, family, shapes):
     stacked, looped, served = stack_and_loop(model, _batch(VOCAB, shapes))
     assert served
     assert_same(stacked, looped, family)
+
+
+def test_qwen2_packed_layers_equal_its_modules(models):
+    """The layer loop's Qwen2 layers: packed, their qkv bias added to the fp32 product
+    as the modules add it."""
+    from engine.models.packed_layer import PackedLayer
+    from tests.engine.test_packed_layer import assert_identical, run_both_ways
+
+    model = models["qwen2"]
+    assert all(isinstance(layer.fast_steps, PackedLayer) and layer.fast_steps.qkv_bias is not None
+               for layer in model.module.layers)
+    for shapes in (DECODES, MIXED):
+        results, served = run_both_ways(model, _batch(VOCAB, shapes))
+        assert_identical(results)
+        assert served == len(model.module.layers)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
