@@ -27,8 +27,8 @@ weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases b
 qkv's, and the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
 bf16-weights, Gemma 3 270M) have no block kernels, so the stack serves their steps
 from one row up: for Gemma 3 270M a one-request decode step took 29-30 ms, now
-18-21 ms (docs/benchmarks.md). Qwen3's and Mistral's stack equals their loop bit for
-bit; Gemma 3's loop runs its (1 + weight) norms and GELU as torch's ops, summed in
+18-21 ms (docs/benchmarks.md). Qwen2's, Qwen3's and Mistral's stack equals their
+loop bit for bit; Gemma 3's loop runs its (1 + weight) norms and GELU as torch's ops, summed in
 another order, so there the two agree to float rounding.
 
 Per step it applies when the loop would take the native paths throughout: rows past
