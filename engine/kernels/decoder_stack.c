@@ -161,14 +161,15 @@ static int mlp_half(const StackLayer *layer, const StackShape *shape, float *x, 
 /* x [tokens, hidden] fp32 in, every layer's output out (in place). groups: one per
  * attention group the layers name (see above). Returns 0, or the first failing
  * kernel's status (x then holds a partial result); 5 for a group index past
- * num_groups. */
+ * num_groups or a q norm without its k norm (or the reverse). */
 int bf16_decoder_stack(const StackLayer *layers, int64_t num_layers, const StackShape *shape,
                        float *x, int64_t tokens, const StackGroup *groups, int64_t num_groups,
                        int num_threads) {
     if (tokens <= 0) return 0;
     if (!bf16_gemm_available()) return 1;
     for (int64_t l = 0; l < num_layers; l++)
-        if (layers[l].group < 0 || layers[l].group >= num_groups) return 5;
+        if (layers[l].group < 0 || layers[l].group >= num_groups
+            || (layers[l].q_norm == NULL) != (layers[l].k_norm == NULL)) return 5;
     const int64_t qkv_width = (shape->heads + 2 * shape->kv_heads) * shape->dim;
     const int64_t attended = shape->heads * shape->dim;
     StackBuffers b = {

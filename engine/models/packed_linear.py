@@ -213,7 +213,7 @@ def pack_dense_weights(model: nn.Module) -> int:
             gate_pairs(gate_up.packed)
     from .paired_mlp import use_paired_mlps         # (imports this module)
 
-    count += use_paired_mlps(model)
+    use_paired_mlps(model)
     for layer in getattr(model, "layers", []):
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):

@@ -133,7 +133,8 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
             (norms[4] is None) != (norms[5] is None)):
         return None
     first, second, attn_out, mlp_out, q_norm, k_norm = norms
-    if attn_out is not None and attn_out.eps != mlp_out.eps:
+    if (attn_out is not None and attn_out.eps != mlp_out.eps) or (
+            q_norm is not None and q_norm.eps != k_norm.eps):
         return None
     scaled = [_norm_weight(n) for n in norms]
     pointers = [None if t is None else t.data_ptr() for t in scaled]
@@ -151,17 +152,21 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
     return entry, kept
 
 
-def _contexts(meta) -> tuple | None:
+def _contexts(meta, rows: int) -> tuple | None:
     """(slots, lengths, slot_rows or None, starts or None) of the native attention for
-    this step of one attention group."""
+    this step of one attention group, every per-row tensor `rows` long."""
     if meta is None:
         return None
     if not meta.prefills:
         found = (meta.decode_kv_slots, meta.decode_lengths, None, None)
     else:
         found = (meta.step_kv_slots, meta.step_lengths, meta.step_slot_rows, meta.step_starts)
-    if any(t is None for t in found[:2]) or any(
+    slots, lengths, slot_rows, _ = found
+    if slots is None or lengths is None or any(
             t is not None and (t.dtype != torch.int64 or not t.is_contiguous()) for t in found):
+        return None
+    per_row = [t for t in found[1:] if t is not None] + [meta.slot_mapping]
+    if any(t.numel() != rows for t in per_row) or (slot_rows is None and slots.shape[0] != rows):
         return None
     return found
 
@@ -171,9 +176,10 @@ class PackedStack:
                  activation: str) -> None:
         attn = layers[0].self_attn
         self.kernels, self.function = kernels, kernels.library.bf16_decoder_stack
-        self.block_rows = max(layer.self_attn.qkv_proj.max_rows
-                              if isinstance(layer.self_attn.qkv_proj, BlockLinear) else 0
-                              for layer in layers)
+        self.block_rows = max(module.max_rows if isinstance(module, BlockLinear) else 0
+                              for layer in layers
+                              for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                             layer.mlp.gate_up_proj, layer.mlp.down_proj))
         """Steps of at most this many rows are the block kernels' (GGUF models)."""
         self.layers = (_Layer * len(layers))(*(entry for entry, _ in described))
         self.kept = [tensors for _, tensors in described]    # what the pointers point at
@@ -215,6 +221,9 @@ class PackedStack:
             layers = (_Layer * len(self.layers))(*self.layers)           # copies
             dtypes = set()
             for entry, index in zip(layers, self.layer_indices):
+                # the layer's own cache (a sliding layer's pool is sized by the same
+                # model.layer_is_sliding its group comes from): its slots bound what
+                # rope_store may write
                 keys, values = kv_cache.key_caches[index], kv_cache.value_caches[index]
                 entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
                 entry.num_slots = keys.shape[0] * keys.shape[1]
@@ -225,7 +234,8 @@ class PackedStack:
             self.bound[kv_cache] = found
         return found
 
-    def _groups(self, meta, cos: torch.Tensor, sin: torch.Tensor, sliding_rope, kv_cache):
+    def _groups(self, meta, cos: torch.Tensor, sin: torch.Tensor, sliding_rope, kv_cache,
+                rows: int):
         """The step's StackGroup per attention group ([full, sliding]; a group no
         layer reads stays zero), or None when a group's step is not for the stack."""
         groups = (_Group * 2)()
@@ -233,12 +243,12 @@ class PackedStack:
             group_meta = meta if group == FULL else meta.sliding
             group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
                 else sliding_rope
-            contexts = _contexts(group_meta)
+            contexts = _contexts(group_meta, rows)
             index = self.layer_indices[next(i for i, entry in enumerate(self.layers)
                                             if entry.group == group)]
-            if contexts is None or not step_fits(group_meta, group_cos, group_sin,
-                                                 kv_cache.key_caches[index],
-                                                 kv_cache.value_caches[index]):
+            if contexts is None or group_cos.shape[0] != rows or not step_fits(
+                    group_meta, group_cos, group_sin, kv_cache.key_caches[index],
+                    kv_cache.value_caches[index]):
                 return None
             slots, lengths, slot_rows, starts = contexts
             pointer = lambda t: None if t is None else t.data_ptr()     # noqa: E731
@@ -259,7 +269,7 @@ class PackedStack:
                 and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
                 and not meta.decode_fast_path and not torch.compiler.is_compiling()):
             return None
-        groups = self._groups(meta, cos, sin, sliding_rope, kv_cache)
+        groups = self._groups(meta, cos, sin, sliding_rope, kv_cache, rows)
         bound = self._bind(kv_cache) if groups is not None else None
         if bound is None:
             return None

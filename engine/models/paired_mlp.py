@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .block_weights import BlockLinear
 from .packed_linear import PackedWeight, gate_pairs, packed_gated, packed_linear
 
 FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -38,8 +39,12 @@ def _bf16_paired(module: nn.Module) -> PackedWeight | None:
 class PairedMLP:
     """GatedMLP.fused for an MLP whose gate/up and down hold bf16 pairs."""
 
-    def __init__(self, gate_up: PackedWeight, down: PackedWeight, activation: str) -> None:
+    def __init__(self, gate_up: PackedWeight, down: PackedWeight, activation: str,
+                 block_rows: int = 0) -> None:
         self.gate_up, self.down, self.activation = gate_up, down, activation
+        self.block_rows = block_rows
+        """Steps of at most this many rows stay on the projections' exact GGUF block
+        kernels (BlockLinear.max_rows; 0 without blocks)."""
 
     @staticmethod
     def build(mlp: nn.Module) -> "PairedMLP | None":
@@ -51,13 +56,16 @@ class PairedMLP:
         if activation is None or gate_up is None or down is None or mlp.fused is not None:
             return None
         gate_pairs(gate_up)
-        return PairedMLP(gate_up, down, activation) if gate_up.gated_inter else None
+        block_rows = max(getattr(m, "max_rows", 0) if isinstance(m, BlockLinear) else 0
+                         for m in (mlp.gate_up_proj, mlp.down_proj))
+        return PairedMLP(gate_up, down, activation, block_rows) if gate_up.gated_inter else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output [T, hidden] fp32, or None when the step is for the modules
-        (an input it does not take; GELU past the native GEMM's rows, where SiLU runs
-        as FusedBlockMLP's larger steps do)."""
-        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+        (an input it does not take; a step for the block kernels; GELU past the native
+        GEMM's rows, where SiLU runs as FusedBlockMLP's larger steps do)."""
+        if (x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu"
+                or x.shape[0] <= self.block_rows):
             return None
         activated = packed_gated(x.to(torch.bfloat16), self.gate_up, None, self.activation)
         if activated is None:

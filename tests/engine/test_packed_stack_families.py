@@ -147,13 +147,37 @@ def test_gemma3_generates_the_same_tokens_with_and_without_the_stack(models):
     model = models["gemma3"]
     prompts = [[5 + i for i in range(n)] for n in (3, 9, 14)]       # past the 7-token window
     config = GenerationConfig(max_new_tokens=10, eos_token_id=[])
-    runs = []
+    runs, served = [], []
     stacks = model.module.layer_stacks
+
+    def counted(*args, **kwargs):
+        served.append(stacks[0](*args, **kwargs))
+        return served[-1]
+
     try:
-        for layer_stacks in (stacks, []):
+        for layer_stacks in ([counted], []):
             model.module.layer_stacks = layer_stacks
             outputs = model.generate_batch(prompts, config, ContinuousBatchingConfig(page_size=8))
             runs.append([output.generated_tokens for output in outputs.values()])
     finally:
         model.module.layer_stacks = stacks
     assert runs[0] == runs[1] and all(len(tokens) == 10 for tokens in runs[0])
+    assert served and all(out is not None for out in served)   # its own sliding pool too
+
+
+def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
+    """On a GGUF model in bf16-weights the steps of up to the blocks' rows stay on the
+    exact block kernels: a PairedMLP built there declines them."""
+    from engine.models.block_weights import BF16_KERNEL_ROWS
+
+    model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
+    mlp = model.module.layers[0].mlp
+    saved, mlp.fused = mlp.fused, None            # (a FusedBlockMLP serves it normally)
+    try:
+        paired = PairedMLP.build(mlp)
+    finally:
+        mlp.fused = saved
+    assert paired is not None and paired.block_rows == BF16_KERNEL_ROWS
+    hidden = model.config.hidden_size
+    assert paired(torch.randn(BF16_KERNEL_ROWS, hidden)) is None
+    assert paired(torch.randn(BF16_KERNEL_ROWS + 1, hidden)).shape == (BF16_KERNEL_ROWS + 1, hidden)
