@@ -7,8 +7,14 @@ throughput measured on it is the default model's; its text is noise.
     python -m bench.offline --model /tmp/smollm2-shaped --device cuda --dtype bfloat16
 
 The shapes are SmolLM2-135M's (a Llama: 30 layers, hidden 576, 9 query and 3 KV
-heads of 64, MLP 1536, vocabulary 49152, tied embeddings). No tokenizer is written:
-the benchmarks feed token ids.
+heads of 64, MLP 1536, vocabulary 49152, tied embeddings). `--family qwen2` writes the
+same shapes as a Qwen2 (a bias on q, k and v, drawn at random: transformers starts
+biases at zero), to time that family's paths:
+
+    python -m bench.random_model /tmp/qwen2-shaped --family qwen2
+    python -m bench.step --model /tmp/qwen2-shaped --dtype bf16-weights
+
+No tokenizer is written: the benchmarks feed token ids.
 """
 
 from __future__ import annotations
@@ -21,14 +27,25 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 
 
-def write_random_model(path: str, seed: int = 0, **overrides) -> str:
-    """Save a random Llama with SmolLM2-135M's shapes (or `overrides`) to `path`."""
+def write_random_model(path: str, seed: int = 0, family: str = "llama", **overrides) -> str:
+    """Save a random Llama (or Qwen2) with SmolLM2-135M's shapes (or `overrides`) to
+    `path`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    if family not in ("llama", "qwen2"):
+        raise ValueError(f"family must be llama or qwen2, not {family!r}")
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**SMOLLM2_135M, **overrides})
-    LlamaForCausalLM(config).save_pretrained(path)
+    settings = {**SMOLLM2_135M, **overrides}
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**settings))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**settings))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith(".bias"):
+                    parameter.normal_(0.0, 0.5)
+    model.save_pretrained(path)
     return path
 
 
@@ -37,8 +54,9 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="directory to write config.json and the weights to")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("llama", "qwen2"), default="llama")
     args = parser.parse_args(argv)
-    print(write_random_model(args.path, args.seed))
+    print(write_random_model(args.path, args.seed, args.family))
 
 
 if __name__ == "__main__":
