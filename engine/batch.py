@@ -193,10 +193,9 @@ def _with_step_queries(meta: AttentionMetadata, batch: ScheduledBatch,
                               [(first, e.end) for first, e in zip(firsts, entries)], page_size,
                               device)
     rows = [index for index, entry in enumerate(entries) for _ in range(entry.num_tokens)]
-    keys_from = [0 if window is None else max(0, p - window + 1)
-                 for e in entries for p in range(e.start, e.end)]
-    lengths = [p + 1 - first for p, first in zip(
-        (p for e in entries for p in range(e.start, e.end)), keys_from)]
+    positions = [p for e in entries for p in range(e.start, e.end)]
+    keys_from = [0 if window is None else max(0, p - window + 1) for p in positions]
+    lengths = [p + 1 - first for p, first in zip(positions, keys_from)]
     starts = None if window is None else torch.tensor(
         [first - firsts[row] for first, row in zip(keys_from, rows)], dtype=torch.long,
         device=device)

@@ -124,9 +124,13 @@ def _weights(layer: nn.Module) -> tuple | None:
     return qkv, o, gate_up, down, activation
 
 
-def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
-    """The layer's StackLayer (cache fields left for _bind) and the tensors it points
-    at, or None where the stack cannot run it."""
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor], str] | None:
+    """The layer's StackLayer (cache fields left for _bind), the tensors it points at
+    and its MLP's activation, or None where the stack cannot run it."""
     weights = _weights(layer)
     norms = _norms(layer) if weights is not None else ()
     if weights is None or not all(_usable_norm(n) for n in norms) or (
@@ -137,19 +141,18 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor]] | None:
             q_norm is not None and q_norm.eps != k_norm.eps):
         return None
     scaled = [_norm_weight(n) for n in norms]
-    pointers = [None if t is None else t.data_ptr() for t in scaled]
-    qkv, o, gate_up, down, _ = weights
+    pointers = [_pointer(t) for t in scaled]
+    qkv, o, gate_up, down, activation = weights
     bias = packed_with_bias(layer.self_attn.qkv_proj)[1]
     entry = _Layer(pointers[0], pointers[1], first.eps, second.eps, qkv.pairs.data_ptr(),
                    o.pairs.data_ptr(), gate_up.pairs.data_ptr(), down.pairs.data_ptr(),
                    None, None, 0, pointers[4], pointers[5], pointers[2], pointers[3],
                    0.0 if q_norm is None else q_norm.eps,
                    0.0 if attn_out is None else attn_out.eps,
-                   SLIDING if layer.self_attn.is_sliding else FULL,
-                   None if bias is None else bias.data_ptr())
+                   SLIDING if layer.self_attn.is_sliding else FULL, _pointer(bias))
     kept = [t for t in scaled + [bias] if t is not None] + [
         p.pairs for p in (qkv, o, gate_up, down)]
-    return entry, kept
+    return entry, kept, activation
 
 
 def _contexts(meta, rows: int) -> tuple | None:
@@ -181,10 +184,13 @@ class PackedStack:
                               for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                              layer.mlp.gate_up_proj, layer.mlp.down_proj))
         """Steps of at most this many rows are the block kernels' (GGUF models)."""
-        self.layers = (_Layer * len(layers))(*(entry for entry, _ in described))
-        self.kept = [tensors for _, tensors in described]    # what the pointers point at
+        self.layers = (_Layer * len(layers))(*(entry for entry, _, _ in described))
+        self.kept = [tensors for _, tensors, _ in described]  # what the pointers point at
         self.layer_indices = [layer.self_attn.layer_idx for layer in layers]
-        self.groups = sorted({entry.group for entry, _ in described})
+        self.group_layers: dict[int, int] = {}
+        """group -> the layer index of its first layer, whose cache the step checks."""
+        for entry, index in zip(self.layers, self.layer_indices):
+            self.group_layers.setdefault(entry.group, index)
         gate_up = layers[0].mlp.gate_up_proj.packed
         self.shape = _Shape(layers[0].input_layernorm.weight.shape[0], attn.num_heads,
                             attn.num_kv_heads, attn.head_dim, gate_up.gated_inter, attn.scale,
@@ -205,7 +211,7 @@ class PackedStack:
             return None
         first = layers[0].self_attn
         same = ("num_heads", "num_kv_heads", "head_dim", "scale")
-        activations = {_weights(layer)[4] for layer in layers}
+        activations = {activation for _, _, activation in described}
         inters = {layer.mlp.gate_up_proj.packed.gated_inter for layer in layers}
         if len(activations) != 1 or len(inters) != 1 or any(
                 getattr(layer.self_attn, name) != getattr(first, name)
@@ -239,22 +245,19 @@ class PackedStack:
         """The step's StackGroup per attention group ([full, sliding]; a group no
         layer reads stays zero), or None when a group's step is not for the stack."""
         groups = (_Group * 2)()
-        for group in self.groups:
+        for group, index in self.group_layers.items():
             group_meta = meta if group == FULL else meta.sliding
             group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
                 else sliding_rope
             contexts = _contexts(group_meta, rows)
-            index = self.layer_indices[next(i for i, entry in enumerate(self.layers)
-                                            if entry.group == group)]
             if contexts is None or group_cos.shape[0] != rows or not step_fits(
                     group_meta, group_cos, group_sin, kv_cache.key_caches[index],
                     kv_cache.value_caches[index]):
                 return None
             slots, lengths, slot_rows, starts = contexts
-            pointer = lambda t: None if t is None else t.data_ptr()     # noqa: E731
             groups[group] = _Group(group_cos.data_ptr(), group_sin.data_ptr(),
                                    group_meta.slot_mapping.data_ptr(), slots.data_ptr(),
-                                   pointer(slot_rows), pointer(starts), slots.shape[0],
+                                   _pointer(slot_rows), _pointer(starts), slots.shape[0],
                                    lengths.data_ptr(), slots.shape[1])
         return groups
 
