@@ -4,11 +4,36 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
 SLIDING_WINDOW = 7
 """Window of the tiny sliding-window models (tests/conftest.py)."""
+
+
+def has_bf16_gemm() -> bool:
+    from engine.kernels import load_native_kernels
+
+    kernels = load_native_kernels()
+    return kernels is not None and kernels.has_bf16_gemm
+
+
+def _packs_bf16() -> bool:
+    from engine.models.packed_linear import packing_available
+
+    return packing_available(torch.bfloat16)
+
+
+needs_bf16_gemm = pytest.mark.skipif(
+    not has_bf16_gemm(), reason="the native bf16 GEMM (and the whole-layer stack on it) "
+    "needs a CPU with AVX512-BF16")
+"""For tests of paths that exist only where the native bf16 GEMM is built (PackedStack,
+PairedMLP, the paired bf16 layers); everything else they touch runs everywhere."""
+needs_bf16_packing = pytest.mark.skipif(
+    not _packs_bf16(), reason="oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, "
+    "DQ) or AVX-NE-CONVERT")
+"""For tests of the packed bf16 layers (PackedLayer, packed Bf16 projections)."""
 
 
 def tiny_config(family: str):

@@ -32,23 +32,27 @@ import torch.nn.functional as F
 PACKING_BATCH_HINT = 64
 """Rows oneDNN tunes the packed layout for; any row count may use it."""
 
-_available: bool | None = None
+_available: dict[torch.dtype, bool] = {}
 
 
-def packing_available() -> bool:
-    """Whether this torch has the ops and they agree with F.linear (checked once)."""
-    global _available
-    if _available is None:
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch has the ops for `dtype` weights on this CPU and they agree
+    with F.linear (checked once per dtype). oneDNN packs bf16 weights only on CPUs
+    with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere bf16 weights stay unpacked
+    and F.linear multiplies them."""
+    if dtype not in _available:
         try:
             generator = torch.Generator().manual_seed(0)
-            weight = torch.randn(48, 64, generator=generator)
-            x = torch.randn(5, 64, generator=generator)
+            weight = torch.randn(48, 64, generator=generator).to(dtype)
+            x = torch.randn(5, 64, generator=generator).to(dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
             y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-            _available = bool(torch.allclose(y, F.linear(x, weight), rtol=1e-4, atol=1e-4))
+            tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+            _available[dtype] = bool(torch.allclose(y.float(), F.linear(x, weight).float(),
+                                                    rtol=tolerance, atol=tolerance))
         except (AttributeError, RuntimeError, NotImplementedError):
-            _available = False
-    return _available
+            _available[dtype] = False
+    return _available[dtype]
 
 
 NATIVE_BF16_MAX_ROWS = 128
@@ -94,7 +98,7 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
     """weight [out, in], CPU fp32 or bf16 -> its packed forms, or None where packing
     does not apply (another device or dtype, or a torch without the ops)."""
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
-            or not packing_available()):
+            or not packing_available(weight.dtype)):
         return None
     weight = weight.detach().contiguous()
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)

@@ -17,6 +17,7 @@ from engine.models.packed_layer import PackedLayer
 from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest
+from tests.helpers import needs_bf16_packing
 
 PAGE = 16
 NUM_BLOCKS = 96
@@ -96,6 +97,7 @@ def default_bf16():
     return load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
 
 
+@needs_bf16_packing
 def test_default_model_steps_are_bit_identical(default_bf16):
     vocab = default_bf16.config.vocab_size
     layers = len(default_bf16.module.layers)
@@ -113,7 +115,7 @@ def test_default_model_steps_are_bit_identical(default_bf16):
     assert served == 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bf16-weights"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bf16-weights", marks=needs_bf16_packing)])
 def test_tiny_model_steps_are_bit_identical(tiny_models, dtype):
     path, _ = tiny_models["llama"]
     model = load_model(path, dtype=dtype, progress=False)

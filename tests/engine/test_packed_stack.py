@@ -18,6 +18,7 @@ from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
 
 from tests.engine.test_packed_layer import StepRuns, _batch
+from tests.helpers import needs_bf16_gemm
 
 
 def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
@@ -50,10 +51,12 @@ def decodes(model, count: int):
     return _batch(model.config.vocab_size, [(30 + i, 31 + i) for i in range(count)])
 
 
+@needs_bf16_gemm
 def test_the_default_model_has_both_stacks(default_bf16):
     assert [type(s) for s in default_bf16.module.layer_stacks] == [FastDecodeStack, PackedStack]
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("cache_dtype", [None, torch.float32])
 def test_packed_stack_decode_and_mixed_steps_are_bit_identical(default_bf16, cache_dtype):
     mixed = _batch(default_bf16.config.vocab_size, [(0, 40), (20, 52), (60, 61), (70, 71)])
@@ -62,12 +65,14 @@ def test_packed_stack_decode_and_mixed_steps_are_bit_identical(default_bf16, cac
         assert served and identical
 
 
+@needs_bf16_gemm
 def test_packed_stack_leaves_block_kernel_steps_to_the_loop(default_bf16):
     identical, served = run_stack_and_loop(default_bf16, PackedStack,
                                            decodes(default_bf16, BF16_KERNEL_ROWS))
     assert identical and not served
 
 
+@needs_bf16_gemm
 def test_packed_stack_keeps_the_native_gemm_past_its_row_limit(default_bf16, monkeypatch):
     """Past NATIVE_BF16_MAX_ROWS the loop multiplies on oneDNN and the stack stays on
     the native GEMM: it then equals the loop whose products are all native."""

@@ -19,6 +19,9 @@ from engine.models.packed_stack import PackedStack
 from engine.models.paired_mlp import PairedMLP
 
 from tests.engine.test_packed_layer import StepRuns, _batch
+from tests.helpers import needs_bf16_gemm
+
+pytestmark = needs_bf16_gemm
 
 VOCAB = 211
 
