@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models.block_weights import BLOCK, BlockLinear
+from engine.models.block_weights import BlockLinear
 from engine.models.mixed_precision import Bf16RescoredHead, Bf16WeightLinear, Int8WeightLinear
 from engine.models.packed_linear import PackedLinear
 
@@ -26,7 +26,7 @@ HEADS = ("int8_lm_head", "bf16_lm_head", "block_lm_head", "packed_lm_head")
 def _shape(module: nn.Module) -> tuple[int, int] | None:
     """(out_features, in_features) of a projection-like module, else None."""
     if isinstance(module, BlockLinear):
-        return module.codes.shape[0], module.scales.shape[1] * BLOCK
+        return module.out_features, module.in_features
     if isinstance(module, (PackedLinear, Bf16WeightLinear)):
         return module.out_features, module.in_features
     if isinstance(module, Int8WeightLinear):
@@ -41,8 +41,8 @@ def _bytes_read(module: nn.Module, rows: int) -> int:
     out_features, in_features = _shape(module)
     if isinstance(module, BlockLinear):
         if rows <= module.max_rows:
-            return sum(t.numel() * t.element_size()
-                       for t in (module.codes, module.scales, module.minima) if t is not None)
+            return sum(t.numel() * t.element_size() for part in module.parts
+                       for t in (part.codes, part.scales, part.minima) if t is not None)
         dense = module.packed if module.packed is not None else module.weight
         return out_features * in_features * dense.dtype.itemsize
     if isinstance(module, Int8WeightLinear):

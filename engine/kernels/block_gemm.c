@@ -1,18 +1,21 @@
 /* Matrix products of a few activation rows against weights kept in GGUF-style blocks
  * of 32, accumulated in fp32: y[M, N] = x[M, K] @ W^T.
  *
- * Row n of W is K/32 blocks. q4 (GGUF Q4_1): 16 bytes per block, byte j holding
- * element j in its low nibble and element j+16 in its high one, with a scale d and a
- * minimum m per block: w = d * q + m. q8 (GGUF Q8_0): 32 signed bytes and a scale d
- * per block: w = d * q. Scales and minima arrive as fp32 arrays [N, K/32].
+ * Row n of W is K/32 blocks. q4 (GGUF Q4_1, and Q4_0 and Q4_K converted to it at
+ * load): 16 bytes per block, byte j holding element j in its low nibble and element
+ * j+16 in its high one, with a scale d and a minimum m per block: w = d * q + m. q8
+ * (GGUF Q8_0, and Q5_0 converted to it): 32 signed bytes and a scale d per block:
+ * w = d * q. q8 in halves (GGUF Q6_K converted: its scales cover 16 weights): the same
+ * bytes with a scale per 16 weights. Scales and minima arrive as fp32 arrays [N, K/32]
+ * ([N, K/16] for halves).
  *
  * Per block the kernel forms d * (q . x) + m * sum(x), the same value as the dot
  * product with the dequantized weights up to rounding. It is meant for decode steps
  * (M of 1 to a few dozen rows), where the product is bound by reading W: a Q4_1
  * weight costs 5 bits against fp32's 32. Each block is unpacked once for up to
  * ROW_TILE rows of x. Columns are split over `num_threads` threads (worker_pool.h).
- * Built at run time with -march=native (engine/kernels/build.py); without AVX-512 a
- * portable loop does the same arithmetic.
+ * Built at run time with -march=native (engine/kernels/build.py): AVX-512 vectors of
+ * 16 lanes, else AVX2 (with FMA) of 8, else a portable loop doing the same arithmetic.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,13 +23,30 @@
 
 #include "kernels.h"
 #include "worker_pool.h"
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
 #define BLOCK 32
 
 #define ROW_TILE 8   /* activation rows sharing one pass over a weight row */
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* AVX2 builds: eight lanes, a block as four vectors of eight weights. */
+static inline float sum8(__m256 v) {
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+}
+
+static inline __m256 bytes8_unsigned(__m128i bytes) {    /* the low 8 bytes, as floats */
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+static inline __m256 bytes8_signed(const int8_t *q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+#endif
 
 /* y[r * n] (r < rows <= ROW_TILE) = sum over the row's blocks of
  * d * (q . x_r) + m * sum(x_r): each block is unpacked once for all rows. */
@@ -55,6 +75,31 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
         for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[r * blocks + b];
         y[r * n] = _mm512_reduce_add_ps(acc[r]) + min_part;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[ROW_TILE];
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    const __m128i low_mask = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(q + b * 16));
+        const __m128i low = _mm_and_si128(bytes, low_mask);              /* elements 0..15 */
+        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);  /* 16..31 */
+        const __m256 w0 = bytes8_unsigned(low), w1 = bytes8_unsigned(_mm_srli_si128(low, 8));
+        const __m256 w2 = bytes8_unsigned(high), w3 = bytes8_unsigned(_mm_srli_si128(high, 8));
+        const __m256 scale = _mm256_set1_ps(d[b]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xb = x + r * k + b * BLOCK;
+            __m256 block = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
+            block = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), block);
+            block = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), block);
+            block = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), block);
+            acc[r] = _mm256_fmadd_ps(block, scale, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float min_part = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[r * blocks + b];
+        y[r * n] = sum8(acc[r]) + min_part;
+    }
 #else
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;
@@ -70,8 +115,9 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
 #endif
 }
 
+/* halves: d holds a scale per 16 weights (two per block), else one per block. */
 static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, const float *d, const float *x, int64_t blocks,
-                    int64_t k, int64_t rows, float *y, int64_t n) {
+                    int64_t k, int64_t rows, float *y, int64_t n, int halves) {
 #ifdef __AVX512F__
     __m512 acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -80,6 +126,18 @@ static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, 
             _mm_loadu_si128((const __m128i *)(q + b * BLOCK))));
         __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
             _mm_loadu_si128((const __m128i *)(q + b * BLOCK + 16))));
+        if (halves) {
+            const __m512 first_scale = _mm512_set1_ps(d[2 * b]);
+            const __m512 second_scale = _mm512_set1_ps(d[2 * b + 1]);
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xb = x + r * k + b * BLOCK;
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(first, _mm512_loadu_ps(xb)),
+                                         first_scale, acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, _mm512_loadu_ps(xb + 16)),
+                                         second_scale, acc[r]);
+            }
+            continue;
+        }
         __m512 scale = _mm512_set1_ps(d[b]);
         for (int64_t r = 0; r < rows; r++) {
             const float *xb = x + r * k + b * BLOCK;
@@ -89,13 +147,34 @@ static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, 
         }
     }
     for (int64_t r = 0; r < rows; r++) y[r * n] = _mm512_reduce_add_ps(acc[r]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[ROW_TILE];
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *qb = q + b * BLOCK;
+        const __m256 w0 = bytes8_signed(qb), w1 = bytes8_signed(qb + 8);
+        const __m256 w2 = bytes8_signed(qb + 16), w3 = bytes8_signed(qb + 24);
+        const __m256 first_scale = _mm256_set1_ps(halves ? d[2 * b] : d[b]);
+        const __m256 second_scale = _mm256_set1_ps(halves ? d[2 * b + 1] : d[b]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xb = x + r * k + b * BLOCK;
+            __m256 first = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
+            first = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), first);
+            __m256 second = _mm256_mul_ps(w2, _mm256_loadu_ps(xb + 16));
+            second = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), second);
+            acc[r] = _mm256_fmadd_ps(first, first_scale, acc[r]);
+            acc[r] = _mm256_fmadd_ps(second, second_scale, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) y[r * n] = sum8(acc[r]);
 #else
+    const int group = halves ? 16 : BLOCK;
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;
-        for (int64_t b = 0; b < blocks; b++) {
-            float block = 0.0f;
-            for (int j = 0; j < BLOCK; j++) block += (float)q[b * BLOCK + j] * x[r * k + b * BLOCK + j];
-            total += d[b] * block;
+        for (int64_t g = 0; g < blocks * BLOCK / group; g++) {
+            float part = 0.0f;
+            for (int j = 0; j < group; j++) part += (float)q[g * group + j] * x[r * k + g * group + j];
+            total += d[g] * part;
         }
         y[r * n] = total;
     }
@@ -116,13 +195,21 @@ static void q4_rows(const uint8_t *q, const float *d, const float *m, const floa
 }
 
 static void q8_rows(const int8_t *q, const float *d, const float *x, int64_t blocks,
-                    int64_t k, int64_t rows, float *y, int64_t n) {
+                    int64_t k, int64_t rows, float *y, int64_t n, int halves) {
+    if (halves) {
+        switch (rows) {
+        case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, 1); break;
+        case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, 1); break;
+        default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, 1);
+        }
+        return;
+    }
     switch (rows) {
-    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n); break;
-    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n); break;
-    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n); break;
-    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n); break;
-    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n);
+    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, 0); break;
+    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, 0); break;
+    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n, 0); break;
+    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n, 0); break;
+    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, 0);
     }
 }
 
@@ -131,6 +218,8 @@ typedef struct {
     const void *q;
     int64_t rows, k, n;
     float *y;
+    int64_t ldy;                     /* y's row stride (>= n) */
+    int halves;                      /* q8: a scale per 16 weights */
 } GemmJob;
 
 /* Columns [n * part / parts, n * (part + 1) / parts) of y. */
@@ -142,17 +231,20 @@ static void q4_part(const void *arg, int part, int parts) {
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
             q4_rows(q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
                     job->x + r0 * k, job->xsum + r0 * blocks, blocks, k,
-                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * n + col, n);
+                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * job->ldy + col,
+                    job->ldy);
 }
 
 static void q8_part(const void *arg, int part, int parts) {
     const GemmJob *job = arg;
     const int64_t k = job->k, n = job->n, rows = job->rows, blocks = k / BLOCK;
+    const int64_t scales_per_row = job->halves ? 2 * blocks : blocks;
     const int8_t *q = job->q;
     for (int64_t col = n * part / parts; col < n * (part + 1) / parts; col++)
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
-            q8_rows(q + col * k, job->d + col * blocks, job->x + r0 * k, blocks, k,
-                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * n + col, n);
+            q8_rows(q + col * k, job->d + col * scales_per_row, job->x + r0 * k, blocks, k,
+                    rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, job->y + r0 * job->ldy + col,
+                    job->ldy, job->halves);
 }
 
 static float *block_sums(const float *x, int64_t rows, int64_t k) {    /* [rows, k/32] */
@@ -168,25 +260,36 @@ static float *block_sums(const float *x, int64_t rows, int64_t k) {    /* [rows,
     return sums;
 }
 
-int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
-            const float *m, int64_t n, float *y, int num_threads) {
-    if (k % BLOCK) return 1;
+/* y[r * ldy + c] for c < n: x @ W^T for W of `kind` (BLOCKS_Q4, BLOCKS_Q8,
+ * BLOCKS_Q8_HALVES; kernels.h). 1 for K not a multiple of 32 or an unknown kind, 2
+ * when out of memory. */
+int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
+               const float *d, const float *m, int64_t n, float *y, int64_t ldy,
+               int num_threads) {
+    if (k % BLOCK || ldy < n
+        || (kind != BLOCKS_Q4 && kind != BLOCKS_Q8 && kind != BLOCKS_Q8_HALVES)) return 1;
     if (rows <= 0 || n <= 0) return 0;
+    GemmJob job = {x, d, m, NULL, q, rows, k, n, y, ldy, kind == BLOCKS_Q8_HALVES};
+    if (kind != BLOCKS_Q4) {
+        run_parallel(q8_part, &job, num_threads);
+        return 0;
+    }
     float *xsum = block_sums(x, rows, k);
     if (!xsum) return 2;
-    GemmJob job = {x, d, m, xsum, q, rows, k, n, y};
+    job.xsum = xsum;
     run_parallel(q4_part, &job, num_threads);
     free(xsum);
     return 0;
 }
 
+int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
+            const float *m, int64_t n, float *y, int num_threads) {
+    return block_gemm(BLOCKS_Q4, x, rows, k, q, d, m, n, y, n, num_threads);
+}
+
 int q8_gemm(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *d,
             int64_t n, float *y, int num_threads) {
-    if (k % BLOCK) return 1;
-    if (rows <= 0 || n <= 0) return 0;
-    GemmJob job = {x, d, NULL, NULL, q, rows, k, n, y};
-    run_parallel(q8_part, &job, num_threads);
-    return 0;
+    return block_gemm(BLOCKS_Q8, x, rows, k, q, d, NULL, n, y, n, num_threads);
 }
 
 /* The gated MLP of a decoder layer in one call: h = silu(x W_gate^T) * (x W_up^T),
@@ -233,7 +336,7 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
         run_parallel(gate_up_part, &first, num_threads);
         hsum = block_sums(h, rows, intermediate);
         if (hsum) {
-            GemmJob second = {h, down_d, down_m, hsum, down_q, rows, intermediate, n, y};
+            GemmJob second = {h, down_d, down_m, hsum, down_q, rows, intermediate, n, y, n, 0};
             run_parallel(q4_part, &second, num_threads);
             status = 0;
         }

@@ -4,7 +4,14 @@
 
 #include <stdint.h>
 
-/* block_gemm.c: y[rows, n] = x[rows, k] @ W^T for W in Q4_1 blocks. */
+/* block_gemm.c: y[rows, n] (row stride ldy) = x[rows, k] @ W^T for W in blocks of
+ * one kind (see there); q4_gemm for Q4_1 blocks with ldy = n. */
+#define BLOCKS_Q4 1
+#define BLOCKS_Q8 2
+#define BLOCKS_Q8_HALVES 3
+int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
+               const float *d, const float *m, int64_t n, float *y, int64_t ldy,
+               int num_threads);
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads);
 

@@ -18,6 +18,7 @@ _ARGUMENT_TYPES = {"p": ctypes.c_void_p, "s": ctypes.c_int64, "i": ctypes.c_int,
 SIGNATURES = {
     # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
+    "block_gemm": "ipsspppspsi",
     "q4_attention_block": "psspfppppppppippssssfppppi", "q4_mlp_block": "psspfpppsppppi",
     "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppipppspsssssfpi",
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
@@ -28,6 +29,11 @@ SIGNATURES = {
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
 
+
+BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3}
+"""block_gemm's weight kinds (kernels.h's BLOCKS_*): Q4_1 4-bit codes with a scale and
+a minimum per 32 weights; Q8_0 int8 codes with a scale per 32; Q8_16 int8 codes with a
+scale per 16 (GGUF's Q6_K converted, models/block_formats.py)."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
@@ -42,7 +48,7 @@ class NativeKernels:
             getattr(library, name).argtypes = [_ARGUMENT_TYPES[c] for c in signature]
         library.use_openmp_helpers.restype = ctypes.c_int
         self._library = library
-        self._q4, self._q8 = library.q4_gemm, library.q8_gemm
+        self._block_gemm = library.block_gemm
         self.max_threads = num_threads
         self._per_thread = threading.local()
         """torch_threaded and num_threads of the calling engine thread (engines on
@@ -53,20 +59,19 @@ class NativeKernels:
             library.set_openmp_runtime(*entry_points)
 
     def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-             minima: torch.Tensor | None) -> torch.Tensor:
+             minima: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, K] fp32 contiguous; kind "Q4_1" (codes [N, K/2] uint8, scales and
-        minima [N, K/32] fp32) or "Q8_0" (codes [N, K] int8, scales) -> y [rows, N].
-        Called ~120 times per decode step: kept to the bare calls."""
+        minima [N, K/32] fp32), "Q8_0" (codes [N, K] int8, scales [N, K/32]) or "Q8_16"
+        (codes [N, K] int8, scales [N, K/16]) -> y [rows, N], written into `out` when
+        given (fp32 [rows, N] with unit column stride, e.g. a column slice of a wider
+        output). Called ~120 times per decode step: kept to the bare calls."""
         rows, in_features = x.shape
         out_features = codes.shape[0]
-        y = torch.empty(rows, out_features, dtype=torch.float32)   # never the default dtype
-        if kind == "Q4_1":
-            status = self._q4(x.data_ptr(), rows, in_features, codes.data_ptr(),
-                              scales.data_ptr(), minima.data_ptr(), out_features,
-                              y.data_ptr(), self.num_threads)
-        else:
-            status = self._q8(x.data_ptr(), rows, in_features, codes.data_ptr(),
-                              scales.data_ptr(), out_features, y.data_ptr(), self.num_threads)
+        y = torch.empty(rows, out_features, dtype=torch.float32) if out is None else out
+        status = self._block_gemm(BLOCK_KINDS[kind], x.data_ptr(), rows, in_features,
+                                  codes.data_ptr(), scales.data_ptr(),
+                                  None if minima is None else minima.data_ptr(), out_features,
+                                  y.data_ptr(), y.stride(0), self.num_threads)
         if status:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y

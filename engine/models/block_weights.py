@@ -1,9 +1,11 @@
 """Decode on a GGUF model's own weight blocks: fewer bytes per token, fp32 arithmetic.
 
-A GGUF file stores most weights in blocks of 32: Q4_1 (4-bit codes with a scale and a
-minimum per block) or Q8_0 (8-bit codes with a scale). The engine's dense fp32 weights
-are exactly those blocks dequantized, so the blocks carry the same numbers in 5 or 9
-bits per weight instead of 32. Decode steps (a few rows) are bound by reading the
+A GGUF file stores most weights in blocks: Q4_1 (4-bit codes with a scale and a
+minimum per 32 weights), Q8_0 (8-bit codes with a scale), and the types
+block_formats.py converts to those forms without changing a weight (Q4_0, Q5_0, Q4_K,
+Q6_K: what a Q4_K_M file holds). The engine's dense fp32 weights are exactly those
+blocks dequantized, so the blocks carry the same numbers in 5 to 10 bits per weight
+instead of 32. Decode steps (a few rows) are bound by reading the
 weights, so for them BlockLinear multiplies straight from the blocks
 (engine/kernels/block_gemm.c), accumulating in fp32; larger steps are bound by
 arithmetic and multiply the dense weight (fp32, or bf16 in dtype bf16-weights), packed
@@ -25,12 +27,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .block_formats import BLOCK, Blocks, concat, parse_blocks
 from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
 logger = logging.getLogger(__name__)
 
-BLOCK = 32
 MAX_KERNEL_ROWS = 12
 """Up to this many rows per step the block kernels beat the dense fp32 matmuls (the
 weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
@@ -43,64 +45,33 @@ through the native bf16 GEMM (packed_linear.py), whole decode steps at context 1
 two threads, two alternations, kernels vs bf16 GEMM: 2 rows 10.8-11.8 vs 14.1-15.2
 ms, 3 rows 15.9-17.3 vs 14.8-16.2, 4 rows 17.8-19.3 vs 14.4-15.1, 5 rows 22.1-26.0 vs
 15.9-16.5. (Against oneDNN's bf16 matmuls it was 5 rows.)"""
-_BYTES_PER_BLOCK = {"Q4_1": 20, "Q8_0": 34}
-
-
-@dataclass
-class Blocks:
-    kind: str                  # "Q4_1" or "Q8_0"
-    codes: torch.Tensor        # Q4_1: [N, K/2] uint8 nibbles; Q8_0: [N, K] int8
-    scales: torch.Tensor       # [N, K/32] fp32
-    minima: torch.Tensor | None  # Q4_1: [N, K/32] fp32
-
-    def rows(self, index: torch.Tensor) -> "Blocks":
-        return Blocks(self.kind, self.codes[index], self.scales[index],
-                      None if self.minima is None else self.minima[index])
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
-        n = self.codes.shape[0]
-        if self.kind == "Q8_0":
-            codes = self.codes.view(n, -1, BLOCK).float()
-            return (self.scales[..., None] * codes).reshape(n, -1)
-        nibbles = self.codes.view(n, -1, BLOCK // 2)
-        codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()   # [N, K/32, 32]
-        return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
-
-
-def concat(parts: list[Blocks]) -> Blocks:
-    return Blocks(parts[0].kind, torch.cat([p.codes for p in parts]),
-                  torch.cat([p.scales for p in parts]),
-                  None if parts[0].minima is None else torch.cat([p.minima for p in parts]))
-
-
-def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
-    """GGUF bytes [N, K/32 * bytes_per_block] uint8 -> Blocks (scales as fp32)."""
-    n = raw.shape[0]
-    per_block = raw.reshape(n, -1, _BYTES_PER_BLOCK[kind])
-    scales = per_block[..., 0:2].contiguous().view(torch.float16).float().reshape(n, -1)
-    if kind == "Q8_0":
-        return Blocks(kind, per_block[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
-                      scales, None)
-    minima = per_block[..., 2:4].contiguous().view(torch.float16).float().reshape(n, -1)
-    return Blocks(kind, per_block[..., 4:].contiguous().reshape(n, -1), scales, minima)
 
 
 class BlockLinear(nn.Module):
     """An nn.Linear that also holds its weight as blocks: steps of at most
-    `max_rows` fp32 rows use the block kernel, others the dense weight."""
+    `max_rows` fp32 rows use the block kernels, others the dense weight.
 
-    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor, blocks: Blocks,
-                 kernels) -> None:
+    `blocks` may list the parts of a fused weight in row order (q, k, v): parts of one
+    kernel form are joined, and where forms differ (a Q4_K_M file's Q4_K q and k
+    beside a Q6_K v) `kind` is "mixed" and each part's kernel writes its own columns
+    of the output (`parts`; `codes`, `scales`, `minima` are then None)."""
+
+    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor,
+                 blocks: Blocks | list[Blocks], kernels) -> None:
         super().__init__()
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(
             weight, requires_grad=False)
+        self.out_features, self.in_features = weight.shape
         self.bias = None if linear is None else linear.bias
-        self.kind = blocks.kind
-        self.register_buffer("codes", blocks.codes.contiguous(), persistent=False)
-        self.register_buffer("scales", blocks.scales.contiguous(), persistent=False)
-        self.register_buffer("minima", None if blocks.minima is None
-                             else blocks.minima.contiguous(), persistent=False)
+        self.parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
+        single = self.parts[0] if len(self.parts) == 1 else None
+        self.kind = "mixed" if single is None else single.kind
+        for name in ("codes", "scales", "minima"):
+            value = None if single is None else getattr(single, name)
+            self.register_buffer(name, None if value is None else value.contiguous(),
+                                 persistent=False)
+        if single is not None:
+            self.parts = [Blocks(self.kind, self.codes, self.scales, self.minima)]
         self.kernels = kernels
         self.max_rows = MAX_KERNEL_ROWS
         """Steps of more rows use the dense weight."""
@@ -114,7 +85,15 @@ class BlockLinear(nn.Module):
                 or torch.compiler.is_compiling()):     # traced: no ctypes kernel call
             return self._dense(x)
         flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(rows, in_features).contiguous()
-        y = self.kernels.gemm(self.kind, flat, self.codes, self.scales, self.minima)
+        if self.codes is not None:
+            y = self.kernels.gemm(self.kind, flat, self.codes, self.scales, self.minima)
+        else:
+            y, start = torch.empty(rows, self.out_features, dtype=torch.float32), 0
+            for part in self.parts:
+                stop = start + part.codes.shape[0]
+                self.kernels.gemm(part.kind, flat, part.codes, part.scales, part.minima,
+                                  out=y[:, start:stop])
+                start = stop
         if self.bias is not None:
             y += self.bias
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
@@ -171,6 +150,17 @@ class FusedBlockMLP:
         return packed_linear(activated, down, x.dtype)
 
 
+def _joined(parts: list[Blocks]) -> list[Blocks]:
+    """Adjacent parts of one kernel form joined into one."""
+    runs: list[list[Blocks]] = []
+    for part in parts:
+        if runs and runs[-1][0].kind == part.kind:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else concat(run) for run in runs]
+
+
 def _read_gguf(path: Path) -> dict[str, Blocks]:
     return {tensor.name: parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
             for tensor in read_block_tensors(path)}
@@ -198,7 +188,7 @@ _PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
 
 def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
     """Give `model` BlockLinear projections (and LM head) wherever the GGUF file holds
-    matching Q4_1/Q8_0 blocks; returns how many were installed."""
+    matching blocks (block_formats.py's types); returns how many were installed."""
     tensors = _read_gguf(gguf_path)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -217,7 +207,7 @@ def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
                 options[1].append(_unpermute(found[1], kv_heads))
             chosen = _split_match(linear.weight.data, options)
             if chosen is not None:
-                setattr(parent, attr, BlockLinear(linear, linear.weight, concat(chosen), kernels))
+                setattr(parent, attr, BlockLinear(linear, linear.weight, chosen, kernels))
                 installed += 1
     for layer in model.layers:
         if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
@@ -232,12 +222,11 @@ def _split_match(weight: torch.Tensor, options: list[list[Blocks]]) -> list[Bloc
     for candidates in options:
         size = candidates[0].codes.shape[0]
         match = _matching(weight[row:row + size], candidates)
-        if match is None or len({c.kind for c in candidates}) != 1:
+        if match is None:
             return None
         chosen.append(match)
         row += size
-    kinds = {c.kind for c in chosen}
-    return chosen if row == weight.shape[0] and len(kinds) == 1 else None
+    return chosen if row == weight.shape[0] else None
 
 
 def _lm_head_blocks(model: nn.Module, tensors: dict[str, Blocks], kernels) -> int:

@@ -27,14 +27,15 @@ import numpy as np
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """Bytes of each fixed-size metadata value type (8 is a string, 9 an array)."""
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
-GGML_TYPES = {3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
+GGML_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34),
+              12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
 """The block types read here: ggml type id -> (name, weights per block, bytes per block)."""
 
 
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
-    kind: str           # "Q4_1", "Q8_0"
+    kind: str           # a GGML_TYPES name: "Q4_1", "Q8_0", "Q4_K", ...
     data: np.ndarray    # [rows, bytes per row] uint8, a view of the mapped file
 
 
@@ -68,7 +69,7 @@ class _Cursor:
 
 
 def read_block_tensors(path: Path) -> list[GGUFTensor]:
-    """The file's Q4_1 and Q8_0 tensors (others are skipped), as views of the mapped
+    """The file's tensors of GGML_TYPES (others are skipped), as views of the mapped
     file (copy what must outlive it). ValueError for a file this reader cannot read
     (not GGUF v2/v3 little-endian, truncated)."""
     with open(path, "rb") as file:

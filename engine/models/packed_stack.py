@@ -179,11 +179,17 @@ class PackedStack:
                  activation: str) -> None:
         attn = layers[0].self_attn
         self.kernels, self.function = kernels, kernels.library.bf16_decoder_stack
-        self.block_rows = max(module.max_rows if isinstance(module, BlockLinear) else 0
-                              for layer in layers
-                              for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                             layer.mlp.gate_up_proj, layer.mlp.down_proj))
-        """Steps of at most this many rows are the block kernels' (GGUF models)."""
+        block_rows = max(module.max_rows if isinstance(module, BlockLinear) else 0
+                         for layer in layers
+                         for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                        layer.mlp.gate_up_proj, layer.mlp.down_proj))
+        fast = all(getattr(layer, "fast_decode", None) is not None for layer in layers)
+        self.block_rows = block_rows if fast else 0
+        """Steps of at most this many rows are the block kernels' (GGUF models whose
+        layers all have a FastDecodeLayer, one native call per step at those rows).
+        Other layers with blocks (Gemma 3's) would run them in the Python layer loop,
+        slower at one row than this stack on bf16 weights (it skips ~12 calls per
+        layer), so the stack serves them from one row up."""
         self.layers = (_Layer * len(layers))(*(entry for entry, _, _ in described))
         self.kept = [tensors for _, tensors, _ in described]  # what the pointers point at
         self.layer_indices = [layer.self_attn.layer_idx for layer in layers]

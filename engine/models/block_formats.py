@@ -1,0 +1,146 @@
+"""GGUF weight blocks read into the three forms the block kernels multiply.
+
+The kernels (engine/kernels/block_gemm.c) know three forms, each a weight row of K
+values as codes and fp32 scales:
+
+    Q4_1   4-bit codes q in 0..15, a scale d and a minimum m per 32:  w = d * q + m
+    Q8_0   int8 codes q, a scale d per 32:                           w = d * q
+    Q8_16  int8 codes q, a scale d per 16:                           w = d * q
+
+Every GGUF type read here converts to one of them without changing a single weight:
+
+    GGUF type  bytes / weights  stored as                           form
+    Q4_0       18 / 32          d; 4-bit q:         w = d (q - 8)     Q4_1, m = -8 d
+    Q4_1       20 / 32          d, m; 4-bit q:      w = d q + m       Q4_1
+    Q5_0       22 / 32          d; 5-bit q:         w = d (q - 16)    Q8_0, codes q - 16
+    Q8_0       34 / 32          d; int8 q:          w = d q           Q8_0
+    Q4_K       144 / 256        d, dmin; 6-bit sc, mn per 32; 4-bit q:
+                                w = (d sc) q - (dmin mn)             Q4_1, per 32:
+                                                                     d sc and -dmin mn
+    Q6_K       210 / 256        d; int8 sc per 16; 6-bit q:
+                                w = (d sc) (q - 32)                  Q8_16, codes q - 32
+
+Each product above is exact in fp32 (an fp16 scale has 11 significant bits, times a
+code or a 6- or 8-bit sub-scale stays within fp32's 24), so `Blocks.dequantize` gives
+gguf-py's dequantized values bit for bit, which block_weights.py checks against the
+loaded weights before it installs a projection.
+
+Worked example of the nibble layouts. Q4_1 (and Q4_0) keep element j of a 32-block in
+the low nibble of byte j and element j + 16 in its high nibble. Q4_K's 128 code
+bytes hold four 64-weight chunks: byte 32 c + i carries element 64 c + i in its low
+nibble and element 64 c + 32 + i in its high one. So element 40 of a Q4_K block
+(c = 0, high nibble of byte 8) is element 8 of 32-block 1, and lands in the low nibble
+of that block's byte 8 in the Q4_1 form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+SUPER_BLOCK = 256
+BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+"""Bytes per block of each GGUF type read here (256 weights for the K types, else 32)."""
+FORM_OF = {"Q4_0": "Q4_1", "Q4_1": "Q4_1", "Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
+           "Q6_K": "Q8_16"}
+"""The kernel form each GGUF type is read into."""
+
+
+@dataclass
+class Blocks:
+    kind: str                  # the kernel form: "Q4_1", "Q8_0" or "Q8_16"
+    codes: torch.Tensor        # Q4_1: [N, K/2] uint8 nibbles; Q8_0, Q8_16: [N, K] int8
+    scales: torch.Tensor       # [N, K/32] fp32 ([N, K/16] for Q8_16)
+    minima: torch.Tensor | None  # Q4_1: [N, K/32] fp32
+
+    def rows(self, index: torch.Tensor) -> "Blocks":
+        return Blocks(self.kind, self.codes[index], self.scales[index],
+                      None if self.minima is None else self.minima[index])
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
+        n = self.codes.shape[0]
+        if self.kind != "Q4_1":
+            group = 16 if self.kind == "Q8_16" else BLOCK
+            codes = self.codes.view(n, -1, group).float()
+            return (self.scales[..., None] * codes).reshape(n, -1)
+        nibbles = self.codes.view(n, -1, BLOCK // 2)
+        codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()   # [N, K/32, 32]
+        return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
+
+
+def concat(parts: list[Blocks]) -> Blocks:
+    return Blocks(parts[0].kind, torch.cat([p.codes for p in parts]),
+                  torch.cat([p.scales for p in parts]),
+                  None if parts[0].minima is None else torch.cat([p.minima for p in parts]))
+
+
+def _halves(raw: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Bytes [start, stop) of every block read as fp16, as fp32 [N, blocks]."""
+    return raw[..., start:stop].contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def _nibbles_as_q4_1(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] (0..15, element order) -> Q4_1 bytes [N, K/2]."""
+    n = codes.shape[0]
+    pairs = codes.view(n, -1, 2, BLOCK // 2)         # [N, K/32, low half | high half, 16]
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, -1)
+
+
+def _q4_k(raw: torch.Tensor) -> Blocks:
+    n, supers = raw.shape[0], raw.shape[1]
+    d, dmin = _halves(raw, 0, 2), _halves(raw, 2, 4)                 # [N, S]
+    packed = raw[..., 4:16].view(n, supers, 3, 4).to(torch.int32)
+    low, mid, high = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
+    sub_scales = torch.cat([low & 63, (high & 15) | ((low >> 6) << 4)], dim=-1)  # [N, S, 8]
+    sub_minima = torch.cat([mid & 63, (high >> 4) | ((mid >> 6) << 4)], dim=-1)
+    chunks = raw[..., 16:].reshape(n, supers, 4, 1, 32)              # 4 chunks of 32 bytes
+    codes = torch.cat([chunks & 0x0F, chunks >> 4], dim=3)           # [N, S, 4, 2, 32]
+    scales = (d[..., None] * sub_scales.float()).reshape(n, -1)
+    minima = -(dmin[..., None] * sub_minima.float()).reshape(n, -1)
+    return Blocks("Q4_1", _nibbles_as_q4_1(codes.reshape(n, -1)), scales, minima)
+
+
+def _q6_k(raw: torch.Tensor) -> Blocks:
+    n, supers = raw.shape[0], raw.shape[1]
+    low = raw[..., :128].reshape(n, supers, 2, 1, 64)                # per 128-weight half
+    low = torch.cat([low & 0x0F, low >> 4], dim=3)                   # [N, S, 2, 2, 64]
+    high = raw[..., 128:192].reshape(n, supers, 2, 1, 32)
+    high = torch.cat([(high >> shift) & 3 for shift in (0, 2, 4, 6)], dim=3)   # [.., 4, 32]
+    codes = (low.reshape(n, -1) | (high.reshape(n, -1) << 4)).to(torch.int8) - 32
+    sub_scales = raw[..., 192:208].contiguous().view(torch.int8).float()   # [N, S, 16]
+    scales = (_halves(raw, 208, 210)[..., None] * sub_scales).reshape(n, -1)
+    return Blocks("Q8_16", codes, scales, None)
+
+
+def _q5_0(raw: torch.Tensor) -> Blocks:
+    n = raw.shape[0]
+    high_bits = raw[..., 2:6].contiguous().view(torch.int32)          # [N, B, 1]
+    fifth = ((high_bits >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
+    nibbles = raw[..., 6:]
+    low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)          # [N, B, 32]
+    codes = (low | (fifth << 4)).to(torch.int8) - 16
+    return Blocks("Q8_0", codes.reshape(n, -1), _halves(raw, 0, 2), None)
+
+
+def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
+    """GGUF bytes [N, row bytes] uint8 of GGUF type `kind` (BYTES_PER_BLOCK) -> Blocks
+    in that type's kernel form (FORM_OF)."""
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, BYTES_PER_BLOCK[kind])
+    if kind == "Q4_K":
+        return _q4_k(blocks)
+    if kind == "Q6_K":
+        return _q6_k(blocks)
+    if kind == "Q5_0":
+        return _q5_0(blocks)
+    scales = _halves(blocks, 0, 2)
+    if kind == "Q8_0":
+        return Blocks(kind, blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
+                      scales, None)
+    if kind == "Q4_0":
+        return Blocks("Q4_1", blocks[..., 2:].reshape(n, -1).contiguous(), scales, -8 * scales)
+    return Blocks(kind, blocks[..., 4:].reshape(n, -1).contiguous(), scales,
+                  _halves(blocks, 2, 4))

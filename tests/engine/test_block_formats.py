@@ -1,0 +1,110 @@
+"""GGUF's Q4_0, Q5_0, Q4_K and Q6_K blocks (what Q4_K_M files hold) read into the block
+kernels' forms: their weights equal gguf-py's dequantized values bit for bit, every
+form's kernel equals the dense matmul, fused projections whose parts differ in form
+write their own columns, and the real Gemma 3 270M Q4_K_M file decodes from its own
+blocks with the dense path's greedy tokens."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.kernels import load_native_kernels
+from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
+from engine.models.block_weights import MAX_KERNEL_ROWS, BlockLinear
+
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2],
+               "Q6_K": [208]}
+"""Byte offsets of each type's fp16 scales within a block (the rest are codes)."""
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """GGUF rows [rows, bytes] of random codes and sub-scales with realistic fp16
+    scales (negative minima for Q4_1, as its minima usually are)."""
+    rng = np.random.default_rng(seed)
+    per_block = 256 if kind.endswith("_K") else 32
+    raw = rng.integers(0, 256, (rows, cols // per_block, BYTES_PER_BLOCK[kind]), dtype=np.uint8)
+    for offset in FP16_FIELDS[kind]:
+        sign = -1.0 if (kind, offset) == ("Q4_1", 2) else 1.0
+        values = sign * (rng.random((rows, cols // per_block, 1)) * 0.02 + 1e-3)
+        raw[..., offset:offset + 2] = values.astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = load_native_kernels()
+    assert built is not None, "a C compiler is part of this project's CI machine"
+    return built
+
+
+def within_rounding(got, want, x, weight) -> bool:
+    """Two fp32 sums of the same K terms in different orders: allow 1e-5 of the sum
+    of the terms' magnitudes (a wrong weight or a misplaced code is far larger)."""
+    return bool(((got - want).abs() <= 1e-5 * (x.abs() @ weight.abs().T) + 1e-7).all())
+
+
+@pytest.mark.parametrize("kind", sorted(FORM_OF))
+def test_every_type_dequantizes_as_gguf_py_does(kind):
+    from gguf import GGMLQuantizationType, quants
+
+    raw = random_blocks(kind, 6, 512, seed=len(kind))
+    blocks = parse_blocks(kind, torch.from_numpy(raw.copy()))
+    want = quants.dequantize(raw, getattr(GGMLQuantizationType, kind)).reshape(6, 512)
+    assert blocks.kind == FORM_OF[kind]
+    assert torch.equal(blocks.dequantize(), torch.from_numpy(want.astype(np.float32)))
+
+
+@pytest.mark.parametrize("kind", sorted(FORM_OF))
+@pytest.mark.parametrize("rows", [1, 2, 3, 9])
+def test_every_form_multiplies_like_the_dense_weight(kernels, kind, rows):
+    blocks = parse_blocks(kind, torch.from_numpy(random_blocks(kind, 80, 512, seed=rows).copy()))
+    weight = blocks.dequantize()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    got = kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima)
+    assert within_rounding(got, F.linear(x, weight), x, weight)
+    wide = torch.full((rows, 120), 7.0)           # into columns 20..99 of a wider output
+    kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima, out=wide[:, 20:100])
+    assert torch.equal(wide[:, 20:100], got)
+    assert (wide[:, :20] == 7).all() and (wide[:, 100:] == 7).all()
+
+
+def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(kernels):
+    """A Q4_K_M qkv: q and k in Q4_K (the Q4_1 form), v in Q6_K (Q8_16)."""
+    parts = [parse_blocks(kind, torch.from_numpy(random_blocks(kind, n, 256, seed=n).copy()))
+             for kind, n in (("Q4_K", 48), ("Q4_K", 16), ("Q6_K", 16))]
+    weight = torch.cat([p.dequantize() for p in parts])
+    layer = BlockLinear(None, weight, parts, kernels)
+    assert layer.kind == "mixed" and [p.kind for p in layer.parts] == ["Q4_1", "Q8_16"]
+    assert layer.parts[0].codes.shape[0] == 64               # q and k joined
+    for rows in (1, 3, MAX_KERNEL_ROWS + 1):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        got = layer(x)
+        assert got.shape == (rows, 80) and within_rounding(got, F.linear(x, weight), x, weight)
+
+
+@pytest.mark.slow
+def test_gemma3_q4_k_m_decodes_from_its_own_blocks():
+    """Gemma 3 270M's file mixes Q5_0, Q8_0, Q4_K and Q6_K: every projection and the LM
+    head run on blocks, with the dense fp32 path's greedy tokens and logprobs."""
+    blocked = load_model("gemma3-270m", progress=False)
+    modules = [m for m in blocked.module.modules() if isinstance(m, BlockLinear)]
+    kinds = collections.Counter(m.kind for m in modules)
+    assert len(modules) == 4 * len(blocked.module.layers) + 1
+    assert set(kinds) == {"Q4_1", "Q8_0", "Q8_16"}
+    dense = load_model("gemma3-270m", progress=False, block_kernels=False)
+    tokenizer = dense.tokenizer
+    prompts = [tokenizer.encode(text) for text in ("The capital of France is",
+                                                  "def fibonacci(n):", "1, 2, 3, 5, 8,")]
+    config = GenerationConfig(max_new_tokens=24)
+    logprobs = ContinuousBatchingConfig(return_logprobs=True)
+    got = list(blocked.generate_batch(prompts, config, logprobs).values())
+    want = list(dense.generate_batch(prompts, config, logprobs).values())
+    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
+    for mine, reference in zip(got, want):
+        assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
