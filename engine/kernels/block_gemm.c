@@ -48,6 +48,13 @@ static inline __m256 bytes8_signed(const int8_t *q) {
 }
 #endif
 
+/* sum over blocks of m[b] * sum(x's block b): the minima's share of a Q4_1 row's dot product. */
+static inline float minima_part(const float *m, const float *block_sums, int64_t blocks) {
+    float total = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) total += m[b] * block_sums[b];
+    return total;
+}
+
 /* y[r * n] (r < rows <= ROW_TILE) = sum over the row's blocks of
  * d * (q . x_r) + m * sum(x_r): each block is unpacked once for all rows. */
 static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q, const float *d, const float *m, const float *x,
@@ -70,11 +77,8 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
             acc[r] = _mm512_fmadd_ps(block, scale, acc[r]);
         }
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float min_part = 0.0f;
-        for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[r * blocks + b];
-        y[r * n] = _mm512_reduce_add_ps(acc[r]) + min_part;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        y[r * n] = _mm512_reduce_add_ps(acc[r]) + minima_part(m, xsum + r * blocks, blocks);
 #elif defined(__AVX2__) && defined(__FMA__)
     __m256 acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
@@ -95,11 +99,8 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
             acc[r] = _mm256_fmadd_ps(block, scale, acc[r]);
         }
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float min_part = 0.0f;
-        for (int64_t b = 0; b < blocks; b++) min_part += m[b] * xsum[r * blocks + b];
-        y[r * n] = sum8(acc[r]) + min_part;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        y[r * n] = sum8(acc[r]) + minima_part(m, xsum + r * blocks, blocks);
 #else
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;
