@@ -20,14 +20,13 @@ dequantized blocks equal the loaded fp32 weights bit for bit.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .block_formats import BLOCK, Blocks, concat, parse_blocks
+from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
 from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
