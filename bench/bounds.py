@@ -18,6 +18,7 @@ from torch import nn
 from engine.models.block_weights import BlockLinear
 from engine.models.mixed_precision import Bf16RescoredHead, Bf16WeightLinear, Int8WeightLinear
 from engine.models.packed_linear import PackedLinear
+from engine.models.packed_stack import PackedStack
 
 HEADS = ("int8_lm_head", "bf16_lm_head", "block_lm_head", "packed_lm_head")
 """The LM head compute_logits uses, in its order of preference."""
@@ -36,11 +37,12 @@ def _shape(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def _bytes_read(module: nn.Module, rows: int) -> int:
-    """Weight bytes a step of `rows` rows reads from this projection."""
+def _bytes_read(module: nn.Module, rows: int, on_stack: bool = False) -> int:
+    """Weight bytes a step of `rows` rows reads from this projection (`on_stack`: the
+    step runs on a PackedStack, which reads the dense bf16 weights)."""
     out_features, in_features = _shape(module)
     if isinstance(module, BlockLinear):
-        if rows <= module.max_rows:
+        if rows <= module.max_rows and not on_stack:
             return sum(t.numel() * t.element_size() for part in module.parts
                        for t in (part.codes, part.scales, part.minima) if t is not None)
         dense = module.packed if module.packed is not None else module.weight
@@ -67,7 +69,10 @@ def _head(model: nn.Module) -> tuple[nn.Module | None, torch.Tensor]:
 
 def weight_bytes_per_step(model: nn.Module, rows: int) -> int:
     """Bytes of projection and LM head weights one decode step of `rows` rows reads."""
-    total = sum(_bytes_read(m, rows) for m in model.layers.modules() if _shape(m) is not None)
+    on_stack = any(isinstance(stack, PackedStack) and stack.block_rows < rows
+                   for stack in getattr(model, "layer_stacks", []))
+    total = sum(_bytes_read(m, rows, on_stack) for m in model.layers.modules()
+                if _shape(m) is not None)
     head, weight = _head(model)
     if isinstance(head, Bf16RescoredHead):
         exact = head.exact_head

@@ -197,20 +197,12 @@ static void q4_rows(const uint8_t *q, const float *d, const float *m, const floa
 
 static void q8_rows(const int8_t *q, const float *d, const float *x, int64_t blocks,
                     int64_t k, int64_t rows, float *y, int64_t n, int halves) {
-    if (halves) {
-        switch (rows) {
-        case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, 1); break;
-        case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, 1); break;
-        default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, 1);
-        }
-        return;
-    }
     switch (rows) {
-    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, 0); break;
-    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, 0); break;
-    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n, 0); break;
-    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n, 0); break;
-    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, 0);
+    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, halves); break;
+    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, halves); break;
+    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n, halves); break;
+    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n, halves); break;
+    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, halves);
     }
 }
 

@@ -77,7 +77,7 @@ def concat(parts: list[Blocks]) -> Blocks:
                   None if parts[0].minima is None else torch.cat([p.minima for p in parts]))
 
 
-def _halves(raw: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+def _fp16_field(raw: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Bytes [start, stop) of every block read as fp16, as fp32 [N, blocks]."""
     return raw[..., start:stop].contiguous().view(torch.float16).float().squeeze(-1)
 
@@ -91,7 +91,7 @@ def _nibbles_as_q4_1(codes: torch.Tensor) -> torch.Tensor:
 
 def _q4_k(raw: torch.Tensor) -> Blocks:
     n, supers = raw.shape[0], raw.shape[1]
-    d, dmin = _halves(raw, 0, 2), _halves(raw, 2, 4)                 # [N, S]
+    d, dmin = _fp16_field(raw, 0, 2), _fp16_field(raw, 2, 4)            # [N, S]
     packed = raw[..., 4:16].view(n, supers, 3, 4).to(torch.int32)
     low, mid, high = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
     sub_scales = torch.cat([low & 63, (high & 15) | ((low >> 6) << 4)], dim=-1)  # [N, S, 8]
@@ -111,7 +111,7 @@ def _q6_k(raw: torch.Tensor) -> Blocks:
     high = torch.cat([(high >> shift) & 3 for shift in (0, 2, 4, 6)], dim=3)   # [.., 4, 32]
     codes = (low.reshape(n, -1) | (high.reshape(n, -1) << 4)).to(torch.int8) - 32
     sub_scales = raw[..., 192:208].contiguous().view(torch.int8).float()   # [N, S, 16]
-    scales = (_halves(raw, 208, 210)[..., None] * sub_scales).reshape(n, -1)
+    scales = (_fp16_field(raw, 208, 210)[..., None] * sub_scales).reshape(n, -1)
     return Blocks("Q8_16", codes, scales, None)
 
 
@@ -122,7 +122,7 @@ def _q5_0(raw: torch.Tensor) -> Blocks:
     nibbles = raw[..., 6:]
     low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)          # [N, B, 32]
     codes = (low | (fifth << 4)).to(torch.int8) - 16
-    return Blocks("Q8_0", codes.reshape(n, -1), _halves(raw, 0, 2), None)
+    return Blocks("Q8_0", codes.reshape(n, -1), _fp16_field(raw, 0, 2), None)
 
 
 def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
@@ -136,11 +136,11 @@ def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
         return _q6_k(blocks)
     if kind == "Q5_0":
         return _q5_0(blocks)
-    scales = _halves(blocks, 0, 2)
+    scales = _fp16_field(blocks, 0, 2)
     if kind == "Q8_0":
         return Blocks(kind, blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
                       scales, None)
     if kind == "Q4_0":
         return Blocks("Q4_1", blocks[..., 2:].reshape(n, -1).contiguous(), scales, -8 * scales)
     return Blocks(kind, blocks[..., 4:].reshape(n, -1).contiguous(), scales,
-                  _halves(blocks, 2, 4))
+                  _fp16_field(blocks, 2, 4))

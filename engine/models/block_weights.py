@@ -62,15 +62,16 @@ class BlockLinear(nn.Module):
             weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
         self.bias = None if linear is None else linear.bias
-        self.parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
-        single = self.parts[0] if len(self.parts) == 1 else None
+        parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
+        single = parts[0] if len(parts) == 1 else None
         self.kind = "mixed" if single is None else single.kind
         for name in ("codes", "scales", "minima"):
             value = None if single is None else getattr(single, name)
             self.register_buffer(name, None if value is None else value.contiguous(),
                                  persistent=False)
-        if single is not None:
-            self.parts = [Blocks(self.kind, self.codes, self.scales, self.minima)]
+        self.parts = parts if single is None else [
+            Blocks(self.kind, self.codes, self.scales, self.minima)]
+        """The blocks in row order, one entry per kernel form (the buffers, when one)."""
         self.kernels = kernels
         self.max_rows = MAX_KERNEL_ROWS
         """Steps of more rows use the dense weight."""

@@ -184,3 +184,27 @@ def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
     hidden = model.config.hidden_size
     assert paired(torch.randn(BF16_KERNEL_ROWS, hidden)) is None
     assert paired(torch.randn(BF16_KERNEL_ROWS + 1, hidden)).shape == (BF16_KERNEL_ROWS + 1, hidden)
+
+
+@pytest.mark.slow
+def test_gemma3_gguf_steps_all_run_on_the_stack():
+    """Gemma 3 270M's layers hold GGUF blocks but no fast decode path: in bf16-weights
+    the stack serves its steps from one row up (not the Python loop on the blocks),
+    and the step benchmark counts the bf16 weights the stack reads."""
+    from bench.bounds import matmul_flops_per_row, weight_bytes_per_step
+    from engine.models.block_weights import BlockLinear
+
+    model = load_model("gemma3-270m", dtype="bf16-weights", progress=False)
+    module = model.module
+    assert any(isinstance(m, BlockLinear) for m in module.layers.modules())
+    stacks = [s for s in module.layer_stacks if isinstance(s, PackedStack)]
+    assert len(stacks) == 1 and stacks[0].block_rows == 0
+    projection_weights = matmul_flops_per_row(module) // 2 - module.embed_tokens.weight.numel()
+    on_stack = weight_bytes_per_step(module, 1)
+    module.layer_stacks, stacks_kept = [], module.layer_stacks
+    try:
+        on_blocks = weight_bytes_per_step(module, 1)          # the loop would read the blocks
+    finally:
+        module.layer_stacks = stacks_kept
+    # bf16 (2 bytes a weight) against the blocks' ~1.1: the stack's step reads more
+    assert on_stack - on_blocks > 0.3 * 2 * projection_weights
