@@ -19,6 +19,14 @@ def has_bf16_gemm() -> bool:
     return kernels is not None and kernels.has_bf16_gemm
 
 
+def block_kernel_rows() -> int:
+    """Up to how many rows this build's block kernels serve a step (kernel_rows)."""
+    from engine.kernels import load_native_kernels
+    from engine.models.block_weights import kernel_rows
+
+    return kernel_rows(load_native_kernels())
+
+
 def _packs_bf16() -> bool:
     from engine.models.packed_linear import packing_available
 

@@ -275,6 +275,19 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
     return 0;
 }
 
+/* Lanes of the vectors this build's block kernels use: 16 (AVX-512), 8 (AVX2 and
+ * FMA) or 1 (the portable loop). Where the kernels stop beating the dense matmuls
+ * depends on it (models/block_weights.py). */
+int block_gemm_lanes(void) {
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 8;
+#else
+    return 1;
+#endif
+}
+
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads) {
     return block_gemm(BLOCKS_Q4, x, rows, k, q, d, m, n, y, n, num_threads);

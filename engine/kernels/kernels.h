@@ -12,6 +12,7 @@
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads);
+int block_gemm_lanes(void);
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads);
 

@@ -54,6 +54,8 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         self.has_bf16_gemm = bool(library.bf16_gemm_available())
+        self.block_lanes = int(library.block_gemm_lanes())
+        """16 (AVX-512), 8 (AVX2) or 1: the vectors of the block kernels (block_gemm.c)."""
         entry_points = openmp_entry_points()
         if entry_points is not None:
             library.set_openmp_runtime(*entry_points)

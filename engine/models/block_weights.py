@@ -37,7 +37,14 @@ MAX_KERNEL_ROWS = 12
 weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
 oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
-12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms."""
+12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms (AVX-512 builds and the
+portable loop: `kernel_rows`)."""
+AVX2_KERNEL_ROWS = 20
+"""The same crossover for AVX2 builds of the kernels (8 lanes; CPUs without AVX-512,
+where the dense fp32 matmul is slower too): `bench.step --context 100` on a 2-core Zen
+3, two alternations, kernels vs packed dense: 16 rows 106.6-107.4 vs 130.7-133.8 ms,
+20 rows 117.7-138.1 vs 139.1-163.4, 24 rows 160.2-160.9 vs 157.3-158.6, 32 rows
+204.9-211.3 vs 194.7-211.7."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
 through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on
@@ -73,7 +80,7 @@ class BlockLinear(nn.Module):
             Blocks(self.kind, self.codes, self.scales, self.minima)]
         """The blocks in row order, one entry per kernel form (the buffers, when one)."""
         self.kernels = kernels
-        self.max_rows = MAX_KERNEL_ROWS
+        self.max_rows = kernel_rows(kernels)
         """Steps of more rows use the dense weight."""
         self.packed = None
         """The dense weight packed for oneDNN (pack_dense), which then replaces `weight`."""
@@ -148,6 +155,11 @@ class FusedBlockMLP:
             return None
         activated = packed_gated(x.to(gate_up.dtype), gate_up, self.kernels)
         return packed_linear(activated, down, x.dtype)
+
+
+def kernel_rows(kernels) -> int:
+    """Up to how many fp32 rows a step runs on the block kernels of this build."""
+    return AVX2_KERNEL_ROWS if kernels.block_lanes == 8 else MAX_KERNEL_ROWS
 
 
 def _joined(parts: list[Blocks]) -> list[Blocks]:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.kernels import load_native_kernels
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
-from engine.models.block_weights import MAX_KERNEL_ROWS, BlockLinear
+from engine.models.block_weights import BlockLinear
 
 FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2],
                "Q6_K": [208]}
@@ -82,7 +82,7 @@ def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(ker
     layer = BlockLinear(None, weight, parts, kernels)
     assert layer.kind == "mixed" and [p.kind for p in layer.parts] == ["Q4_1", "Q8_16"]
     assert layer.parts[0].codes.shape[0] == 64               # q and k joined
-    for rows in (1, 3, MAX_KERNEL_ROWS + 1):
+    for rows in (1, 3, layer.max_rows + 1):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
         got = layer(x)
         assert got.shape == (rows, 80) and within_rounding(got, F.linear(x, weight), x, weight)

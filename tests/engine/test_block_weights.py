@@ -13,10 +13,13 @@ import torch.nn.functional as F
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.kernels import build as kernel_build
 from engine.kernels import load_native_kernels
-from engine.models.block_weights import (MAX_KERNEL_ROWS, BlockLinear, Blocks, FusedBlockMLP,
+from engine.models.block_weights import (BlockLinear, Blocks, FusedBlockMLP,
                                          concat, parse_blocks)
 from engine.models.fast_decode import FastDecodeLayer
 from engine.models.layers import GatedMLP
+from tests.helpers import block_kernel_rows
+
+KERNEL_ROWS = block_kernel_rows()
 
 
 def random_gguf_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -60,7 +63,7 @@ def test_parsed_blocks_dequantize_as_the_gguf_formula():
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows", [1, 3, MAX_KERNEL_ROWS, MAX_KERNEL_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", [1, 3, KERNEL_ROWS, KERNEL_ROWS + 1, 40])
 def test_block_linear_equals_the_dense_matmul(kernels, kind, rows):
     blocks = parse_blocks(kind, random_gguf_bytes(kind, 96, 576, seed=rows))
     weight = blocks.dequantize()
@@ -68,7 +71,8 @@ def test_block_linear_equals_the_dense_matmul(kernels, kind, rows):
     x = torch.randn(rows, 576)
     got, want = layer(x), F.linear(x, weight)
     assert_within_rounding(got, want, x, weight)
-    if rows > MAX_KERNEL_ROWS:               # large steps run torch's dense matmul
+    assert layer.max_rows == KERNEL_ROWS
+    if rows > KERNEL_ROWS:                   # large steps run torch's dense matmul
         assert torch.equal(got, want)
 
 
@@ -81,7 +85,7 @@ def test_fused_blocks_keep_their_row_order(kernels):
     assert_within_rounding(layer(x), x @ fused.dequantize().T, x, fused.dequantize())
 
 
-@pytest.mark.parametrize("rows", [1, 5, MAX_KERNEL_ROWS, MAX_KERNEL_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, KERNEL_ROWS, KERNEL_ROWS + 1])
 def test_fused_mlp_equals_the_two_projections(kernels, rows):
     """down(silu(gate(x)) * up(x)) in one native call equals the module's own path."""
     hidden, inter = 64, 96
@@ -95,7 +99,7 @@ def test_fused_mlp_equals_the_two_projections(kernels, rows):
     unfused = mlp(x)
     mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels)
     fused = mlp(x)
-    if rows > MAX_KERNEL_ROWS:                   # not a step for the kernel: same path
+    if rows > KERNEL_ROWS:                       # not a step for the kernel: same path
         assert torch.equal(fused, unfused)
     else:
         torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
@@ -197,3 +201,15 @@ def test_the_tensor_table_reader_refuses_what_it_cannot_read(tmp_path):
     for path in (truncated, not_gguf, big_endian):
         with pytest.raises(ValueError):
             read_block_tensors(path)
+
+
+def test_the_block_kernels_report_the_vectors_of_this_cpu(kernels):
+    """block_gemm_lanes follows the CPU the library was built for (-march=native), and
+    the rows the block kernels take follow it."""
+    from engine.models.block_weights import AVX2_KERNEL_ROWS, MAX_KERNEL_ROWS, kernel_rows
+
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                  if line.startswith("flags")), [])
+    want = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= set(flags) else 1
+    assert kernels.block_lanes == want
+    assert kernel_rows(kernels) == (AVX2_KERNEL_ROWS if want == 8 else MAX_KERNEL_ROWS)

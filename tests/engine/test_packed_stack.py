@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.models.block_weights import BF16_KERNEL_ROWS, MAX_KERNEL_ROWS
+from engine.models.block_weights import BF16_KERNEL_ROWS
 from engine.models.fast_decode import FastDecodeStack
 from engine.models import packed_linear
 from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
 
 from tests.engine.test_packed_layer import StepRuns, _batch
-from tests.helpers import needs_bf16_gemm
+from tests.helpers import block_kernel_rows, needs_bf16_gemm
 
 
 def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
@@ -100,7 +100,7 @@ def test_fast_decode_stack_is_bit_identical(default_bf16):
 def test_fast_decode_stack_in_float32():
     model = load_model("smollm2-135m-instruct", progress=False)
     assert [type(s) for s in model.module.layer_stacks] == [FastDecodeStack]
-    for rows, cache_dtype in ((1, None), (MAX_KERNEL_ROWS, torch.bfloat16)):
+    for rows, cache_dtype in ((1, None), (block_kernel_rows(), torch.bfloat16)):
         identical, served = run_stack_and_loop(model, FastDecodeStack, decodes(model, rows),
                                                cache_dtype)
         assert served and identical
