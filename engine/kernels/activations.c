@@ -27,6 +27,9 @@ static void silu_mul_row_f32(const float *gate, const float *up, float *out, int
 #ifdef __AVX512F__
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(out + i, silu_times16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, silu_times8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
 #endif
     for (; i < n; i++) out[i] = silu_times(gate[i], up[i]);
 }
@@ -36,6 +39,9 @@ static void silu_mul_row_bf16(const uint16_t *gate, const uint16_t *up, uint16_t
 #ifdef __AVX512F__
     for (; i + 16 <= n; i += 16)
         store_bf16x16(out + i, silu_times16(load_bf16x16(gate + i), load_bf16x16(up + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= n; i += 8)
+        store_bf16x8(out + i, silu_times8(load_bf16x8(gate + i), load_bf16x8(up + i)));
 #endif
     for (; i < n; i++)
         out[i] = float_to_bf16(silu_times(bf16_to_float(gate[i]), bf16_to_float(up[i])));

@@ -1,14 +1,15 @@
 /* Greedy picks: the index of each row's largest value, as torch.argmax gives it (the
  * first index among equal maxima; a NaN counts as the largest, the first NaN wins).
  * torch's CPU argmax over the vocabulary compares one value at a time: 2.6 ms for
- * 64 x 49152 on one thread; 16 lanes at a time read the rows at memory speed. */
+ * 64 x 49152 on one thread; 16 lanes at a time (8 on AVX2) read the rows at memory
+ * speed. */
 #include <math.h>
 #include <stdint.h>
 
 #include "kernels.h"
 #include "worker_pool.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -47,6 +48,31 @@ static int64_t argmax_row(const float *x, int64_t n) {
         const float peak = _mm512_reduce_max_ps(top);
         const __mmask16 at_peak = _mm512_cmp_ps_mask(top, _mm512_set1_ps(peak), _CMP_EQ_OQ);
         best = _mm512_mask_reduce_min_epi32(at_peak, top_index);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (n >= 8) {
+        const __m256i step = _mm256_set1_epi32(8);
+        __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256 top = _mm256_loadu_ps(x);
+        __m256i top_index = lane_index;
+        __m256 nan = _mm256_cmp_ps(top, top, _CMP_UNORD_Q);
+        for (i = 8; i + 8 <= n; i += 8) {
+            lane_index = _mm256_add_epi32(lane_index, step);
+            const __m256 v = _mm256_loadu_ps(x + i);
+            const __m256 above = _mm256_cmp_ps(v, top, _CMP_GT_OQ);        /* strict: first wins */
+            top = _mm256_blendv_ps(top, v, above);
+            top_index = _mm256_castps_si256(_mm256_blendv_ps(
+                _mm256_castsi256_ps(top_index), _mm256_castsi256_ps(lane_index), above));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        if (_mm256_movemask_ps(nan)) return argmax_scalar(x, 0, n, 0);
+        float tops[8];
+        int32_t indices[8];
+        _mm256_storeu_ps(tops, top);
+        _mm256_storeu_si256((__m256i *)indices, top_index);
+        best = indices[0];              /* the largest lane; among equal ones the first index */
+        for (int j = 1; j < 8; j++)
+            if (tops[j] > x[best] || (tops[j] == x[best] && indices[j] < best)) best = indices[j];
     }
 #endif
     return argmax_scalar(x, i, n, best);

@@ -1,6 +1,6 @@
 /* The two passes of decode attention over one request's context range, on AVX-512,
  * for head sizes that are a multiple of 16 up to 256 (paged_attention.c calls them;
- * other sizes and CPUs take its scalar loops).
+ * attention_avx2.c has the AVX2 ones; other sizes and CPUs take its scalar loops).
  *
  * Scores: keys are taken 16 at a time. For one query head, 16 registers accumulate
  * q * k of the 16 keys (16 independent FMA chains, each D / 16 long); one
@@ -29,7 +29,6 @@
 
 #define KEYS_PER_BLOCK 16
 #define PREFETCH_AHEAD 64       /* 16, 32, 64, 128 ahead and L1 / L2 hints: within 10% */
-#define PREFETCH_HINT _MM_HINT_T1
 
 int attention_vectors_apply(int64_t dim) { return dim % 16 == 0 && dim <= 256; }
 
@@ -37,15 +36,6 @@ int attention_vectors_apply(int64_t dim) { return dim % 16 == 0 && dim <= 256; }
 static inline __m512 load_cached(const void *cache, int64_t index, const int bf16) {
     return bf16 ? load_bf16x16((const uint16_t *)cache + index)
                 : _mm512_loadu_ps((const float *)cache + index);
-}
-
-static inline void prefetch_records(const void *cache, const int64_t *row, int64_t from,
-                                    int64_t to, int64_t record_bytes) {
-    for (int64_t l = from; l < to; l++) {
-        const char *start = (const char *)cache + row[l] * record_bytes;
-        for (int64_t byte = 0; byte < record_bytes; byte += 64)
-            _mm_prefetch(start + byte, PREFETCH_HINT);
-    }
 }
 
 static inline __attribute__((always_inline)) void scores_pass(
@@ -184,7 +174,7 @@ void attention_values_vector(const float *probs, const void *values, int kv_bf16
         values_pass(probs, values, row, count, heads, kv_heads, dim, out, out_stride, 0);
 }
 
-#else
+#elif !(defined(__AVX2__) && defined(__FMA__))   /* AVX2: attention_avx2.c */
 
 int attention_vectors_apply(int64_t dim) { (void)dim; return 0; }
 

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "vector_math.h"
 #include "worker_pool.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -33,12 +34,6 @@
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 /* AVX2 builds: eight lanes, a block as four vectors of eight weights. */
-static inline float sum8(__m256 v) {
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
-}
-
 static inline __m256 bytes8_unsigned(__m128i bytes) {    /* the low 8 bytes, as floats */
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }

@@ -3,7 +3,7 @@
  * at 64 rows): the RMSNorm, and RoPE with the cache write.
  *
  * rms_norm: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, fp32 arithmetic, the
- * sum of squares over 16 lanes; out is fp32 or bf16 (rounded to nearest even).
+ * sum of squares over 16 lanes (8 on AVX2); out is fp32 or bf16 (rounded to nearest even).
  *
  * rope_store: qkv [T, (H + 2 KVH) * D] is one step's fused projection output. Its q
  * and k heads are rotated in place (rotate-half RoPE, the full head), then each
@@ -37,6 +37,13 @@ static float sum_of_squares(const float *row, int64_t n) {
         acc = _mm512_fmadd_ps(v, v, acc);
     }
     total = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(row + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    total = sum8(acc);
 #endif
     for (; i < n; i++) total += row[i] * row[i];
     return total;
@@ -62,6 +69,11 @@ static void rms_norm_rows_bf16(const float *x, int64_t rows, int64_t n, const fl
         for (; i + 16 <= n; i += 16)
             store_bf16x16(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), scale),
                                                  _mm512_loadu_ps(weight + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+        const __m256 scale = _mm256_set1_ps(inverse);
+        for (; i + 8 <= n; i += 8)
+            store_bf16x8(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + i), scale),
+                                                _mm256_loadu_ps(weight + i)));
 #endif
         for (; i < n; i++) out[i] = float_to_bf16(row[i] * inverse * weight[i]);
     }

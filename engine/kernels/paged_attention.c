@@ -20,16 +20,13 @@
  * threads (worker_pool.h); when there are too few to keep the threads busy (one
  * request, long context), each context is cut into chunks whose partial softmaxes
  * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
- * run the per-range passes of attention_vectors.c on AVX-512.
+ * run the per-range passes of attention_vectors.c (AVX-512) or attention_avx2.c
+ * (AVX2 and FMA).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "kernels.h"
 #include "vector_math.h"
 #include "worker_pool.h"
@@ -96,6 +93,28 @@ static float softmax_numerators(float *s, int64_t count, float *top) {
         l = count;
     }
     total = _mm512_reduce_add_ps(sums);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 peaks = _mm256_set1_ps(-INFINITY);
+    for (; l + 8 <= count; l += 8) peaks = _mm256_max_ps(peaks, _mm256_loadu_ps(s + l));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, peaks);
+    for (int j = 0; j < 8; j++) peak = lanes[j] > peak ? lanes[j] : peak;
+    for (; l < count; l++) peak = s[l] > peak ? s[l] : peak;
+    const __m256 shift = _mm256_set1_ps(peak);
+    __m256 sums = _mm256_setzero_ps();
+    for (l = 0; l + 8 <= count; l += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), shift));
+        _mm256_storeu_ps(s + l, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    if (l < count) {            /* the tail through the same exp as the rest, not expf */
+        float tail[8];
+        for (int j = 0; j < 8; j++) tail[j] = l + j < count ? s[l + j] : peak;
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
+        for (; l < count; l++) s[l] = tail[l % 8];
+    }
+    total = sum8(sums);
+    for (int64_t j = count - count % 8; j < count; j++) total += s[j];
 #else
     for (; l < count; l++) peak = s[l] > peak ? s[l] : peak;
     l = 0;

@@ -1,7 +1,9 @@
 """The native decode-attention kernel equals attention computed with torch over the
 same paged cache: GQA, contexts of different lengths with padding after them, slots
-scattered over the cache, head sizes on the AVX-512 path (multiples of 16: 48, 64,
-128) and off it (10)."""
+scattered over the cache, head sizes on the vector paths (AVX-512: multiples of 16
+such as 16, 48, 64, 128; AVX2: multiples of 8, whose values are swept 64 columns and
+at most 8 vectors at a time, so 16, 24, 32 and 96 each take another sweep shape) and
+off them (10)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def reference(query, keys, values, slots, lengths, scale):
     return out
 
 
-@pytest.mark.parametrize("dim", [64, 128, 48, 10])
+@pytest.mark.parametrize("dim", [64, 128, 48, 10, 16, 24, 32, 96])
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 1)])
 def test_kernel_matches_torch_attention(kernels, dim, heads, kv_heads):
     generator = torch.Generator().manual_seed(dim * 100 + heads)
@@ -163,7 +165,7 @@ def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_pro
         reference_greedy(reference, p, 8) for p in prompts]
 
 
-@pytest.mark.parametrize("dim", [64, 128, 48, 10])
+@pytest.mark.parametrize("dim", [64, 128, 48, 10, 16, 24])
 def test_bf16_cache_reads_as_its_fp32_values(kernels, dim):
     """A bf16 cache (dtype bf16-weights) gives what the fp32 cache holding the same
     rounded values gives: only the storage is narrower. Head sizes of a multiple of 32
@@ -205,3 +207,14 @@ def test_torch_decode_paths_widen_a_bf16_cache(tiny_models, monkeypatch, num_pro
                                                          with_logprobs).values()]
     for a, b in zip(native, fallback):
         assert a == pytest.approx(b, abs=2e-5)
+
+
+def test_the_vector_passes_serve_the_head_sizes_of_this_cpu(kernels):
+    """AVX-512 builds take head sizes that are multiples of 16, AVX2 builds multiples
+    of 8 (both up to 256); other CPUs, and other sizes, run the scalar loops."""
+    flags = set(next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                      if line.startswith("flags")), []))
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 0
+    for dim in (8, 10, 16, 24, 64, 96, 128, 256, 264):
+        want = lanes > 0 and dim % lanes == 0 and dim <= 256
+        assert kernels.vector_attention(dim) == want, dim
