@@ -9,8 +9,9 @@
  * bytes with a scale per 16 weights. Scales and minima arrive as fp32 arrays [N, K/32]
  * ([N, K/16] for halves).
  *
- * Per block the kernel forms d * (q . x) + m * sum(x), the same value as the dot
- * product with the dequantized weights up to rounding. It is meant for decode steps
+ * Per block the kernel forms d * (q . x) + m * sum(x) (AVX2 builds' Q4_1: the
+ * dequantized weights d q + m, formed once per block for all rows, dotted with x),
+ * the same value as the dot product with the dequantized weights up to rounding. It is meant for decode steps
  * (M of 1 to a few dozen rows), where the product is bound by reading W: a Q4_1
  * weight costs 5 bits against fp32's 32. Each block is unpacked once for up to
  * ROW_TILE rows of x. Columns are split over `num_threads` threads (worker_pool.h).
@@ -75,27 +76,41 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
     for (int64_t r = 0; r < rows; r++)
         y[r * n] = _mm512_reduce_add_ps(acc[r]) + minima_part(m, xsum + r * blocks, blocks);
 #elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[ROW_TILE];
-    for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    /* Each block is dequantized once for all rows, w = d q + m (an FMA per 8 weights),
+     * so a row costs four FMAs per block and no pass over the minima: AVX2 has half
+     * AVX-512's lanes, and the FMAs, not the weight bytes, bound steps of a few rows.
+     * Up to 4 rows each keep two accumulators (two chains of two FMAs per block, not
+     * one of four); more rows are enough independent chains themselves. */
+    (void)xsum;
+    const int split = rows <= 4;
+    __m256 acc[ROW_TILE], acc2[ROW_TILE];
+    for (int64_t r = 0; r < rows; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
     const __m128i low_mask = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         const __m128i bytes = _mm_loadu_si128((const __m128i *)(q + b * 16));
         const __m128i low = _mm_and_si128(bytes, low_mask);              /* elements 0..15 */
         const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);  /* 16..31 */
-        const __m256 w0 = bytes8_unsigned(low), w1 = bytes8_unsigned(_mm_srli_si128(low, 8));
-        const __m256 w2 = bytes8_unsigned(high), w3 = bytes8_unsigned(_mm_srli_si128(high, 8));
-        const __m256 scale = _mm256_set1_ps(d[b]);
+        const __m256 scale = _mm256_set1_ps(d[b]), minimum = _mm256_set1_ps(m[b]);
+        const __m256 w0 = _mm256_fmadd_ps(bytes8_unsigned(low), scale, minimum);
+        const __m256 w1 = _mm256_fmadd_ps(bytes8_unsigned(_mm_srli_si128(low, 8)), scale, minimum);
+        const __m256 w2 = _mm256_fmadd_ps(bytes8_unsigned(high), scale, minimum);
+        const __m256 w3 = _mm256_fmadd_ps(bytes8_unsigned(_mm_srli_si128(high, 8)), scale,
+                                          minimum);
         for (int64_t r = 0; r < rows; r++) {
             const float *xb = x + r * k + b * BLOCK;
-            __m256 block = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
-            block = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), block);
-            block = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), block);
-            block = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), block);
-            acc[r] = _mm256_fmadd_ps(block, scale, acc[r]);
+            acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r]);
+            if (split) {
+                acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc2[r]);
+                acc[r] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r]);
+                acc2[r] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc2[r]);
+            } else {
+                acc[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r]);
+                acc[r] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r]);
+                acc[r] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r]);
+            }
         }
     }
-    for (int64_t r = 0; r < rows; r++)
-        y[r * n] = sum8(acc[r]) + minima_part(m, xsum + r * blocks, blocks);
+    for (int64_t r = 0; r < rows; r++) y[r * n] = sum8(_mm256_add_ps(acc[r], acc2[r]));
 #else
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;

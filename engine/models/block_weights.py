@@ -39,12 +39,13 @@ oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms (AVX-512 builds and the
 portable loop: `kernel_rows`)."""
-AVX2_KERNEL_ROWS = 20
+AVX2_KERNEL_ROWS = 32
 """The same crossover for AVX2 builds of the kernels (8 lanes; CPUs without AVX-512,
-where the dense fp32 matmul is slower too): `bench.step --context 100` on a 2-core Zen
-3, two alternations, kernels vs packed dense: 16 rows 106.6-107.4 vs 130.7-133.8 ms,
-20 rows 117.7-138.1 vs 139.1-163.4, 24 rows 160.2-160.9 vs 157.3-158.6, 32 rows
-204.9-211.3 vs 194.7-211.7."""
+where the dense fp32 matmul is slower too; their Q4_1 path dequantizes each block
+once for all rows): `bench.step --context 100` on a 2-core Zen 3, two alternations,
+kernels vs packed dense: 24 rows 129.3 / 122.8 vs 165.1 / 263.3 ms, 32 rows 167.9 /
+159.3 vs 182.0 / 193.9, 40 rows 223.6 / 243.3 vs 206.6 / 198.9, 64 rows 334.0 / 347.3
+vs 319.5 / 303.7."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
 through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on
