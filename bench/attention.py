@@ -14,14 +14,12 @@ checkouts, alternating, to compare kernel versions side by side.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from engine.kernels import load_native_kernels
 
-from .machine import copy_bandwidth_gbs
+from .machine import copy_bandwidth_gbs, median_seconds
 from .report import write_json
 
 
@@ -36,14 +34,12 @@ def time_attention(kernels, batch: int, context: int, layers: int, heads: int,
     query = torch.randn(batch, heads, dim, generator=generator)
     slot_rows = torch.arange(slots).view(batch, context)      # pages in order, as allocated
     lengths = torch.full((batch,), context)
-    times = []
-    for repeat in range(repeats + 1):
-        started = time.perf_counter()
+
+    def step() -> None:
         for keys, values in caches:
             kernels.paged_decode_attention(query, keys, values, slot_rows, lengths, dim ** -0.5)
-        if repeat:                                       # the first pass warms up
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+
+    return median_seconds(step, repeats)
 
 
 def main(argv=None) -> dict:

@@ -15,15 +15,13 @@ versions side by side.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from engine import load_model
 from engine.models.block_weights import BlockLinear
 
-from .machine import copy_bandwidth_gbs
+from .machine import copy_bandwidth_gbs, median_seconds
 from .report import write_json
 
 
@@ -37,16 +35,14 @@ def time_pass(layers: list[BlockLinear], rows: int, repeats: int) -> float:
     """Median seconds of one kernel call per layer, `rows` activation rows each."""
     generator = torch.Generator().manual_seed(rows)
     inputs = {n: torch.randn(rows, n, generator=generator) for n in {l.in_features for l in layers}}
-    times = []
-    for repeat in range(repeats + 1):
-        started = time.perf_counter()
+
+    def one_pass() -> None:
         for layer in layers:
             x = inputs[layer.in_features]
             for part in layer.parts:
                 layer.kernels.gemm(part.kind, x, part.codes, part.scales, part.minima)
-        if repeat:                                       # the first pass warms up
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+
+    return median_seconds(one_pass, repeats)
 
 
 def main(argv=None) -> dict:

@@ -5,6 +5,7 @@ kernels through `torch._int_mm`), the compute ceiling a W8A8 path would have."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -18,6 +19,18 @@ def _best_seconds(fn, repeats: int = 5) -> float:
         fn()
         best = min(best, time.perf_counter() - started)
     return best
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median time of `repeats` calls of fn, after one warm-up call (the kernel
+    benchmarks': a median, as streaming from memory varies more than a best)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def copy_bandwidth_gbs(megabytes: int = 128) -> float:

@@ -63,9 +63,10 @@ int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *key
                            int64_t heads, int64_t kv_heads, int64_t dim, int64_t window,
                            float scale, float *out, int64_t out_stride, int num_threads);
 
-/* attention_vectors.c: the AVX-512 passes of decode attention over one context range
- * (slots row[0 .. count)) of an fp32 or (kv_bf16) bf16 cache; attention_vectors_apply
- * says whether they serve head size `dim` on this build. */
+/* attention_vectors.c (AVX-512) or attention_avx2.c (AVX2 and FMA): the vector
+ * passes of decode attention over one context range (slots row[0 .. count)) of an
+ * fp32 or (kv_bf16) bf16 cache; attention_vectors_apply says whether they serve head
+ * size `dim` on this build. */
 int attention_vectors_apply(int64_t dim);
 void attention_scores_vector(const float *q, const void *keys, int kv_bf16, const int64_t *row,
                              int64_t count, int64_t heads, int64_t kv_heads, int64_t dim,

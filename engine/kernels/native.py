@@ -177,8 +177,9 @@ class NativeKernels:
                              f"rope_store: slots must lie in [0, {keys.shape[0]})")
 
     def vector_attention(self, head_dim: int) -> bool:
-        """Whether attention of this head size runs on the AVX-512 passes here (else
-        the kernel's scalar loops, slower than torch's SDPA for prefill chunks)."""
+        """Whether attention of this head size runs on vector passes here (AVX-512:
+        multiples of 16, AVX2: of 8, up to 256; else the kernel's scalar loops, slower
+        than torch's SDPA for prefill chunks)."""
         return bool(self._library.attention_vectors_apply(head_dim))
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
