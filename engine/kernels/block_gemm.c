@@ -231,16 +231,26 @@ typedef struct {
     WorkRanges *items;               /* column chunks of COLUMN_CHUNK, shared by the parts */
 } GemmJob;
 
-/* Columns [n * part / parts, n * (part + 1) / parts) of y. */
+/* The next chunk of columns [*first, *last) of n for `part`; 0 once all are taken. */
+static inline int take_columns(WorkRanges *items, int part, int64_t n, int64_t *first,
+                               int64_t *last) {
+    int64_t limit;
+    const int64_t item = work_ranges_take(items, part, &limit);
+    if (item < 0) return 0;
+    *first = item * COLUMN_CHUNK;
+    *last = *first + COLUMN_CHUNK < n ? *first + COLUMN_CHUNK : n;
+    return 1;
+}
+
+/* The columns of y this part takes (take_columns). */
 static void q4_part(const void *arg, int part, int parts) {
     const GemmJob *job = arg;
     const int64_t k = job->k, n = job->n, rows = job->rows, blocks = k / BLOCK;
     const uint8_t *q = job->q;
     (void)parts;
-    int64_t item, limit;
-    while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
-        const int64_t last = (item + 1) * COLUMN_CHUNK < n ? (item + 1) * COLUMN_CHUNK : n;
-        for (int64_t col = item * COLUMN_CHUNK; col < last; col++)
+    int64_t first, last;
+    while (take_columns(job->items, part, n, &first, &last)) {
+        for (int64_t col = first; col < last; col++)
             for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
                 q4_rows(q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
                         job->x + r0 * k, job->xsum + r0 * blocks, blocks, k,
@@ -255,10 +265,9 @@ static void q8_part(const void *arg, int part, int parts) {
     const int64_t scales_per_row = job->halves ? 2 * blocks : blocks;
     const int8_t *q = job->q;
     (void)parts;
-    int64_t item, limit;
-    while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
-        const int64_t last = (item + 1) * COLUMN_CHUNK < n ? (item + 1) * COLUMN_CHUNK : n;
-        for (int64_t col = item * COLUMN_CHUNK; col < last; col++)
+    int64_t first, last;
+    while (take_columns(job->items, part, n, &first, &last)) {
+        for (int64_t col = first; col < last; col++)
             for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
                 q8_rows(q + col * k, job->d + col * scales_per_row, job->x + r0 * k, blocks,
                         k, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE,
@@ -355,13 +364,10 @@ static void gate_up_column(const GateUpJob *job, int64_t col) {
 
 static void gate_up_part(const void *arg, int part, int parts) {
     const GateUpJob *job = arg;
-    const int64_t inter = job->intermediate;
     (void)parts;
-    int64_t item, limit;
-    while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
-        const int64_t last = (item + 1) * COLUMN_CHUNK < inter ? (item + 1) * COLUMN_CHUNK : inter;
-        for (int64_t col = item * COLUMN_CHUNK; col < last; col++) gate_up_column(job, col);
-    }
+    int64_t first, last;
+    while (take_columns(job->items, part, job->intermediate, &first, &last))
+        for (int64_t col = first; col < last; col++) gate_up_column(job, col);
 }
 
 int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
