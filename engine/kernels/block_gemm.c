@@ -231,6 +231,35 @@ typedef struct {
     WorkRanges *items;               /* column chunks of COLUMN_CHUNK, shared by the parts */
 } GemmJob;
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define Q4_USES_BLOCK_SUMS 0    /* AVX2: the minima are in the dequantized weights */
+#else
+#define Q4_USES_BLOCK_SUMS 1
+#endif
+
+/* *sums <- per-block sums of x [rows, k/32], the minima's factor in q4_rows_impl, or
+ * NULL where this build's kernel does not read them. Returns 1 when out of memory. */
+static int block_sums(const float *x, int64_t rows, int64_t k, float **sums) {
+    const int64_t blocks = k / BLOCK;
+    *sums = NULL;
+    if (!Q4_USES_BLOCK_SUMS) return 0;
+    float *out = malloc(sizeof(float) * rows * blocks);
+    if (!out) return 1;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < BLOCK; j++) s += x[r * k + b * BLOCK + j];
+            out[r * blocks + b] = s;
+        }
+    *sums = out;
+    return 0;
+}
+
+/* Row r0's block sums, or NULL without them. */
+static inline const float *sums_from(const float *sums, int64_t r0, int64_t blocks) {
+    return sums ? sums + r0 * blocks : NULL;
+}
+
 /* The next chunk of columns [*first, *last) of n for `part`; 0 once all are taken. */
 static inline int take_columns(WorkRanges *items, int part, int64_t n, int64_t *first,
                                int64_t *last) {
@@ -253,7 +282,7 @@ static void q4_part(const void *arg, int part, int parts) {
         for (int64_t col = first; col < last; col++)
             for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
                 q4_rows(q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
-                        job->x + r0 * k, job->xsum + r0 * blocks, blocks, k,
+                        job->x + r0 * k, sums_from(job->xsum, r0, blocks), blocks, k,
                         rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE,
                         job->y + r0 * job->ldy + col, job->ldy);
     }
@@ -275,19 +304,6 @@ static void q8_part(const void *arg, int part, int parts) {
     }
 }
 
-static float *block_sums(const float *x, int64_t rows, int64_t k) {    /* [rows, k/32] */
-    const int64_t blocks = k / BLOCK;
-    float *sums = malloc(sizeof(float) * rows * blocks);
-    if (!sums) return NULL;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < blocks; b++) {
-            float s = 0.0f;
-            for (int j = 0; j < BLOCK; j++) s += x[r * k + b * BLOCK + j];
-            sums[r * blocks + b] = s;
-        }
-    return sums;
-}
-
 /* y[r * ldy + c] for c < n: x @ W^T for W of `kind` (BLOCKS_Q4, BLOCKS_Q8,
  * BLOCKS_Q8_HALVES; kernels.h). 1 for K not a multiple of 32 or an unknown kind, 2
  * when out of memory. */
@@ -304,8 +320,8 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
         run_parallel(q8_part, &job, num_threads);
         return 0;
     }
-    float *xsum = block_sums(x, rows, k);
-    if (!xsum) return 2;
+    float *xsum;
+    if (block_sums(x, rows, k, &xsum)) return 2;
     job.xsum = xsum;
     run_parallel(q4_part, &job, num_threads);
     free(xsum);
@@ -354,9 +370,9 @@ static void gate_up_column(const GateUpJob *job, int64_t col) {
         const int64_t tile = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
         float gate[ROW_TILE], up[ROW_TILE];
         q4_rows(job->q + col * (k / 2), job->d + col * blocks, job->m + col * blocks,
-                job->x + r0 * k, job->xsum + r0 * blocks, blocks, k, tile, gate, 1);
+                job->x + r0 * k, sums_from(job->xsum, r0, blocks), blocks, k, tile, gate, 1);
         q4_rows(job->q + up_col * (k / 2), job->d + up_col * blocks, job->m + up_col * blocks,
-                job->x + r0 * k, job->xsum + r0 * blocks, blocks, k, tile, up, 1);
+                job->x + r0 * k, sums_from(job->xsum, r0, blocks), blocks, k, tile, up, 1);
         for (int64_t t = 0; t < tile; t++)
             job->h[(r0 + t) * inter + col] = gate[t] / (1.0f + expf(-gate[t])) * up[t];
     }
@@ -377,17 +393,15 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
     if (k % BLOCK || intermediate % BLOCK) return 1;
     if (rows <= 0 || n <= 0) return 0;
     float *h = malloc(sizeof(float) * rows * intermediate);
-    float *xsum = block_sums(x, rows, k);
-    float *hsum = NULL;
+    float *xsum = NULL, *hsum = NULL;
     int status = 2;
-    if (h && xsum) {
+    if (h && !block_sums(x, rows, k, &xsum)) {
         WorkRanges chunks;
         work_ranges_init(&chunks, (intermediate + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
         GateUpJob first = {x, xsum, gate_up_q, gate_up_d, gate_up_m, rows, k, intermediate, h,
                            &chunks};
         run_parallel(gate_up_part, &first, num_threads);
-        hsum = block_sums(h, rows, intermediate);
-        if (hsum) {
+        if (!block_sums(h, rows, intermediate, &hsum)) {
             WorkRanges items;
             work_ranges_init(&items, (n + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
             GemmJob second = {h, down_d, down_m, hsum, down_q, rows, intermediate, n, y, n, 0,
