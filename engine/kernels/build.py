@@ -34,13 +34,13 @@ from .native import NativeKernels
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("block_gemm.c", "paged_attention.c", "attention_vectors.c",
-                        "attention_avx2.c",
+           for name in ("block_gemm.c", "block_mlp.c", "paged_attention.c",
+                        "attention_vectors.c", "attention_avx2.c",
                         "attention_bf16.c", "prefill_attention.c", "bf16_gemm.c",
                         "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
                         "decode_layer.c", "decoder_stack.c", "worker_pool.c")]
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("worker_pool.h", "kernels.h", "vector_math.h")]
+           for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}
 

@@ -16,7 +16,7 @@ int block_gemm_lanes(void);
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads);
 
-/* block_gemm.c: y[rows, n] = down(silu(gate(x)) * up(x)) with gate_up [2I, k] (gate rows
+/* block_mlp.c: y[rows, n] = down(silu(gate(x)) * up(x)) with gate_up [2I, k] (gate rows
  * first) and down [n, I] in Q4_1 blocks. */
 int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
                  const float *gate_up_d, const float *gate_up_m, int64_t intermediate,

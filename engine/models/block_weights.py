@@ -39,13 +39,14 @@ oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms (AVX-512 builds and the
 portable loop: `kernel_rows`)."""
-AVX2_KERNEL_ROWS = 32
+AVX2_KERNEL_ROWS = 64
 """The same crossover for AVX2 builds of the kernels (8 lanes; CPUs without AVX-512,
 where the dense fp32 matmul is slower too; their Q4_1 path dequantizes each block
-once for all rows): `bench.step --context 100` on a 2-core Zen 3, two alternations,
-kernels vs packed dense: 24 rows 129.3 / 122.8 vs 165.1 / 263.3 ms, 32 rows 167.9 /
-159.3 vs 182.0 / 193.9, 40 rows 223.6 / 243.3 vs 206.6 / 198.9, 64 rows 334.0 / 347.3
-vs 319.5 / 303.7."""
+once for all rows, and a tile of 8 rows meets a chunk of columns in turn):
+`bench.step --context 100` on a 2-core Zen 3, three alternations, kernels for at most
+64 rows vs at most 32 (packed dense past them): 40 rows 174.3 / 183.0 / 181.8 vs
+223.0 / 365.1 / 205.3 ms, 48 rows 187.8 / 248.5 / 205.2 vs 280.6 / 277.9 / 263.6, 64
+rows 276.8 / 273.1 / 308.0 vs 285.6 / 403.0 / 304.3 (even, on a fifth of the bytes)."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
 through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on

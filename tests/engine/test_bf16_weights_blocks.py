@@ -17,7 +17,7 @@ from engine.models.fast_decode import FastDecodeLayer
 from engine.models.mixed_precision import RESCORED_CANDIDATES, Bf16RescoredHead
 
 from engine.models.packed_linear import packing_available
-from tests.helpers import needs_bf16_packing
+from tests.helpers import block_kernel_rows, needs_bf16_packing
 
 from .test_block_weights import random_gguf_bytes
 
@@ -190,7 +190,7 @@ def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
     from engine.models.block_weights import FusedBlockMLP
     from engine.models.layers import GatedMLP
 
-    hidden, inter, rows = 64, 96, 40
+    hidden, inter, rows = 64, 96, block_kernel_rows() + 1     # past the kernels' steps
     mlp = GatedMLP(hidden, inter, "silu", bias=False)
     gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))
     down = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", hidden, inter, seed=2))

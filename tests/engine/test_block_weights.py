@@ -85,9 +85,10 @@ def test_fused_blocks_keep_their_row_order(kernels):
     assert_within_rounding(layer(x), x @ fused.dequantize().T, x, fused.dequantize())
 
 
-@pytest.mark.parametrize("rows", [1, 5, KERNEL_ROWS, KERNEL_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, 13, KERNEL_ROWS, KERNEL_ROWS + 1])
 def test_fused_mlp_equals_the_two_projections(kernels, rows):
-    """down(silu(gate(x)) * up(x)) in one native call equals the module's own path."""
+    """down(silu(gate(x)) * up(x)) in one native call equals the module's own path
+    (13 rows: a full tile of 8 and a partial one)."""
     hidden, inter = 64, 96
     mlp = GatedMLP(hidden, inter, "silu", bias=False)
     gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))

@@ -20,8 +20,8 @@ from engine.scheduler import ScheduledBatch, ScheduledRequest
 from tests.helpers import needs_bf16_packing
 
 PAGE = 16
-NUM_BLOCKS = 8 * 40
-"""Room for 40 requests of _batch's 8 blocks each (past every build's kernel rows)."""
+NUM_BLOCKS = 8 * 72
+"""Room for 72 requests of _batch's 8 blocks each (past every build's kernel rows)."""
 
 
 def _batch(vocab: int, shapes: list[tuple[int, int]]) -> ScheduledBatch:

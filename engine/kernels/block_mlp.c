@@ -1,0 +1,78 @@
+/* The gated MLP of a decoder layer on Q4_1 blocks in one call:
+ * h = silu(x W_gate^T) * (x W_up^T), y = h W_down^T, with W_gate and W_up the two
+ * halves of one fused weight [2I, K] (gate rows first) and W_down a weight [N, I].
+ *
+ * The gate and up products of a chunk of COLUMN_CHUNK columns of I are formed a tile
+ * of rows at a time into small buffers (the same sweep as block_gemm's), and h's chunk
+ * is written from them, so gate and up never exist as whole [rows, I] arrays; the down
+ * product is block_gemm's. Threads share the chunks through WorkRanges, as
+ * block_gemm's do.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_rows.h"
+#include "kernels.h"
+#include "worker_pool.h"
+
+typedef struct {
+    const float *x, *xsum;
+    const uint8_t *q;
+    const float *d, *m;
+    int64_t rows, k, intermediate;
+    float *h;                                    /* [rows, I] */
+    WorkRanges *items;                           /* chunks of COLUMN_CHUNK of I */
+} GateUpJob;
+
+/* h[:, first:last] = silu(gate) * up for every row, a tile of ROW_TILE rows at a time. */
+static void gate_up_chunk(const GateUpJob *job, int64_t first, int64_t last) {
+    const int64_t k = job->k, inter = job->intermediate, blocks = k / BLOCK;
+    const int64_t up_offset = inter * (k / 2), up_scales = inter * blocks;
+    float gate[ROW_TILE * COLUMN_CHUNK], up[ROW_TILE * COLUMN_CHUNK];   /* [tile, chunk] */
+    for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
+        const int64_t tile = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
+        const float *x = job->x + r0 * k, *xsum = sums_from(job->xsum, r0, blocks);
+        q4_columns(job->q, job->d, job->m, x, xsum, k, tile, first, last, gate, COLUMN_CHUNK);
+        q4_columns(job->q + up_offset, job->d + up_scales, job->m + up_scales, x, xsum, k,
+                   tile, first, last, up, COLUMN_CHUNK);
+        for (int64_t t = 0; t < tile; t++)
+            for (int64_t col = first; col < last; col++) {
+                const float g = gate[t * COLUMN_CHUNK + col - first];
+                job->h[(r0 + t) * inter + col] =
+                    g / (1.0f + expf(-g)) * up[t * COLUMN_CHUNK + col - first];
+            }
+    }
+}
+
+static void gate_up_part(const void *arg, int part, int parts) {
+    const GateUpJob *job = arg;
+    (void)parts;
+    int64_t first, last;
+    while (take_columns(job->items, part, job->intermediate, &first, &last))
+        gate_up_chunk(job, first, last);
+}
+
+/* 1 for K or I not a multiple of 32, 2 when out of memory. */
+int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
+                 const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
+                 const uint8_t *down_q, const float *down_d, const float *down_m, int64_t n,
+                 float *y, int num_threads) {
+    if (k % BLOCK || intermediate % BLOCK) return 1;
+    if (rows <= 0 || n <= 0) return 0;
+    float *h = malloc(sizeof(float) * rows * intermediate);
+    float *xsum = NULL;
+    int status = 2;
+    if (h && !block_sums(x, rows, k, &xsum)) {
+        WorkRanges chunks;
+        work_ranges_init(&chunks, (intermediate + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
+        GateUpJob job = {x, xsum, gate_up_q, gate_up_d, gate_up_m, rows, k, intermediate, h,
+                         &chunks};
+        run_parallel(gate_up_part, &job, num_threads);
+        status = block_gemm(BLOCKS_Q4, h, rows, intermediate, down_q, down_d, down_m, n, y, n,
+                            num_threads);
+    }
+    free(h);
+    free(xsum);
+    return status;
+}
