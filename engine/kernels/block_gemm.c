@@ -65,6 +65,12 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
     if (k % BLOCK || ldy < n
         || (kind != BLOCKS_Q4 && kind != BLOCKS_Q8 && kind != BLOCKS_Q8_HALVES)) return 1;
     if (rows <= 0 || n <= 0) return 0;
+#if PANEL_KERNELS
+    if (rows >= PANEL_MIN_ROWS) {
+        block_panel_gemm(kind, x, rows, k, q, d, m, n, y, ldy, num_threads);
+        return 0;
+    }
+#endif
     WorkRanges items;
     work_ranges_init(&items, (n + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
     GemmJob job = {x, d, m, NULL, q, rows, k, n, y, ldy, kind == BLOCKS_Q8_HALVES, &items};

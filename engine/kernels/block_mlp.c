@@ -53,6 +53,30 @@ static void gate_up_part(const void *arg, int part, int parts) {
         gate_up_chunk(job, first, last);
 }
 
+#if PANEL_KERNELS
+/* Steps of many rows: gate and up as one panel product into [rows, 2I], then h and
+ * the down product; the row tiles' fusion saves nothing once panels carry the work. */
+static int panel_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
+                           const float *gate_up_d, const float *gate_up_m,
+                           int64_t intermediate, const uint8_t *down_q, const float *down_d,
+                           const float *down_m, int64_t n, float *y, int num_threads) {
+    float *gate_up = malloc(sizeof(float) * rows * 2 * intermediate);
+    float *h = malloc(sizeof(float) * rows * intermediate);
+    int status = 2;
+    if (gate_up && h) {
+        block_panel_gemm(BLOCKS_Q4, x, rows, k, gate_up_q, gate_up_d, gate_up_m,
+                         2 * intermediate, gate_up, 2 * intermediate, num_threads);
+        silu_mul(gate_up, rows, intermediate, 0, h, num_threads);
+        block_panel_gemm(BLOCKS_Q4, h, rows, intermediate, down_q, down_d, down_m, n, y, n,
+                         num_threads);
+        status = 0;
+    }
+    free(h);
+    free(gate_up);
+    return status;
+}
+#endif
+
 /* 1 for K or I not a multiple of 32, 2 when out of memory. */
 int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
                  const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
@@ -60,6 +84,11 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
                  float *y, int num_threads) {
     if (k % BLOCK || intermediate % BLOCK) return 1;
     if (rows <= 0 || n <= 0) return 0;
+#if PANEL_KERNELS
+    if (rows >= PANEL_MIN_ROWS) return panel_gated_mlp(x, rows, k, gate_up_q, gate_up_d,
+                                                       gate_up_m, intermediate, down_q,
+                                                       down_d, down_m, n, y, num_threads);
+#endif
     float *h = malloc(sizeof(float) * rows * intermediate);
     float *xsum = NULL;
     int status = 2;

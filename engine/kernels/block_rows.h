@@ -222,8 +222,14 @@ static __attribute__((noinline, unused)) void q8_rows(
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define Q4_USES_BLOCK_SUMS 0    /* AVX2: the minima are in the dequantized weights */
+#define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
+#define PANEL_MIN_ROWS 32
+void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
+                      const float *d, const float *m, int64_t n, float *y, int64_t ldy,
+                      int num_threads);
 #else
 #define Q4_USES_BLOCK_SUMS 1
+#define PANEL_KERNELS 0
 #endif
 
 /* *sums <- per-block sums of x [rows, k/32], the minima's factor in q4_rows_impl, or

@@ -34,8 +34,8 @@ from .native import NativeKernels
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("block_gemm.c", "block_mlp.c", "paged_attention.c",
-                        "attention_vectors.c", "attention_avx2.c",
+           for name in ("block_gemm.c", "block_mlp.c", "block_panels.c",
+                        "paged_attention.c", "attention_vectors.c", "attention_avx2.c",
                         "attention_bf16.c", "prefill_attention.c", "bf16_gemm.c",
                         "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
                         "decode_layer.c", "decoder_stack.c", "worker_pool.c")]

@@ -39,14 +39,16 @@ oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
 SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms (AVX-512 builds and the
 portable loop: `kernel_rows`)."""
-AVX2_KERNEL_ROWS = 64
+AVX2_KERNEL_ROWS = 128
 """The same crossover for AVX2 builds of the kernels (8 lanes; CPUs without AVX-512,
-where the dense fp32 matmul is slower too; their Q4_1 path dequantizes each block
-once for all rows, and a tile of 8 rows meets a chunk of columns in turn):
-`bench.step --context 100` on a 2-core Zen 3, three alternations, kernels for at most
-64 rows vs at most 32 (packed dense past them): 40 rows 174.3 / 183.0 / 181.8 vs
-223.0 / 365.1 / 205.3 ms, 48 rows 187.8 / 248.5 / 205.2 vs 280.6 / 277.9 / 263.6, 64
-rows 276.8 / 273.1 / 308.0 vs 285.6 / 403.0 / 304.3 (even, on a fifth of the bytes)."""
+where the dense fp32 matmul is slower too). Their steps of 32 rows and more go
+through panels (block_panels.c), which beat the packed dense matmul well past the
+row kernels' limit: `bench.step --context 100` on a 2-core Zen 3, two alternations,
+blocks vs packed dense: 64 rows 202.4 / 261.8 vs 235.4 / 209.7 ms, 96 rows 273.4 /
+308.7 vs 316.3 / 347.6, 128 rows 384.2 / 435.3 vs 461.8 / 507.0, 192 rows 567.8 /
+642.7 vs 656.8 / 616.1 (even from here on). Prefill chunks of a thousand rows and
+more are oneDNN's: 4 prompts of 1,024 tokens prefill in 16.5 s through panels, 11.5 s
+dense."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
 through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on

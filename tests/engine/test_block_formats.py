@@ -74,6 +74,22 @@ def test_every_form_multiplies_like_the_dense_weight(kernels, kind, rows):
     assert (wide[:, :20] == 7).all() and (wide[:, 100:] == 7).all()
 
 
+@pytest.mark.parametrize("kind", sorted(FORM_OF))
+@pytest.mark.parametrize("rows", [33, 64])
+def test_steps_of_many_rows_multiply_like_the_dense_weight(kernels, kind, rows):
+    """Steps of 32 rows and more take panels on AVX2 builds (block_panels.c): 40
+    columns are two panels of 16 and one of 8, K = 768 three slices of 256, 33 rows
+    five tiles of 6 and one of 3."""
+    blocks = parse_blocks(kind, torch.from_numpy(random_blocks(kind, 40, 768, seed=rows).copy()))
+    weight = blocks.dequantize()
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    wide = torch.full((rows, 50), 7.0)
+    got = kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima,
+                       out=wide[:, 5:45])
+    assert within_rounding(got, F.linear(x, weight), x, weight)
+    assert (wide[:, :5] == 7).all() and (wide[:, 45:] == 7).all()
+
+
 def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(kernels):
     """A Q4_K_M qkv: q and k in Q4_K (the Q4_1 form), v in Q6_K (Q8_16)."""
     parts = [parse_blocks(kind, torch.from_numpy(random_blocks(kind, n, 256, seed=n).copy()))

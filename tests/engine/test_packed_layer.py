@@ -21,18 +21,22 @@ from tests.helpers import needs_bf16_packing
 
 PAGE = 16
 NUM_BLOCKS = 8 * 72
-"""Room for 72 requests of _batch's 8 blocks each (past every build's kernel rows)."""
+"""Room for 72 requests of 8 blocks, or 192 of 3 (past every build's kernel rows)."""
 
 
 def _batch(vocab: int, shapes: list[tuple[int, int]]) -> ScheduledBatch:
-    """Requests feeding positions start..end-1 (shapes: (start, end)), 8 blocks each."""
+    """Requests feeding positions start..end-1 (shapes: (start, end)), each on the
+    blocks its `end` tokens need, one run of blocks after another."""
     generator = torch.Generator().manual_seed(len(shapes))
-    entries = []
+    entries, next_block = [], 0
     for index, (start, end) in enumerate(shapes):
         prompt = torch.randint(3, vocab, (end,), generator=generator).tolist()
         request = RequestState(f"r{index}", prompt, 4, (), SamplingParams())
-        request.block_ids = list(range(index * 8, index * 8 + 8))
+        needed = -(-end // PAGE)
+        request.block_ids = list(range(next_block, next_block + needed))
+        next_block += needed
         entries.append(ScheduledRequest(request, start, end - start, True))
+    assert next_block <= NUM_BLOCKS, "a batch larger than the test cache"
     return ScheduledBatch(entries, [])
 
 
