@@ -1,11 +1,11 @@
 """Build and load the engine's native CPU kernels (their Python front is native.py):
-matrix products on GGUF weight blocks (block_gemm.c), decode attention over the paged
-cache (paged_attention.c, attention_vectors.c) and of long prefill chunks
-(prefill_attention.c), a decoder layer's elementwise parts (layer_ops.c,
-activations.c), the fast decode layer's two halves (decode_layer.c), a step's whole
-layer stack on bf16 weights (decoder_stack.c), the bf16 LM head's finish
-(head_rescore.c) and greedy picks (argmax.c), sharing one pool of helper threads
-(worker_pool.c).
+matrix products on GGUF weight blocks (block_gemm.c, block_mlp.c, block_panels.c),
+decode attention over the paged cache (paged_attention.c, attention_vectors.c,
+attention_avx2.c) and of long prefill chunks (prefill_attention.c), a decoder
+layer's elementwise parts (layer_ops.c, activations.c), the fast decode layer's two
+halves (decode_layer.c), a step's whole layer stack on bf16 weights
+(decoder_stack.c), the bf16 LM head's finish (head_rescore.c) and greedy picks
+(argmax.c), sharing one pool of helper threads (worker_pool.c).
 
 The C files are compiled once per machine with the system C compiler (`cc -O3
 -march=native -pthread`) into one library under `<cache>/kernels/`, keyed by the

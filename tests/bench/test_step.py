@@ -3,7 +3,7 @@
 import json
 
 from bench.step import main
-from tests.helpers import has_bf16_gemm
+from tests.helpers import block_kernel_rows, has_bf16_gemm
 
 
 def test_step_benchmark_reports_each_combination(tiny_models, tmp_path):
@@ -43,11 +43,13 @@ def test_compare_loop_times_the_layer_loop_beside_the_stacks(tiny_models, tmp_pa
 
 def test_weight_bytes_follow_the_path_a_step_takes():
     """The default model's 1-row step reads the GGUF blocks (~5 and ~9 bits per
-    weight), a 64-row step the packed fp32 weights: about 4-6x the bytes."""
+    weight), a step past the kernels' rows the packed fp32 weights: about 4-6x the
+    bytes."""
     from bench.bounds import matmul_flops_per_row, weight_bytes_per_step
     from engine import load_model
 
     module = load_model("smollm2-135m-instruct", progress=False).module
-    small, large = weight_bytes_per_step(module, 1), weight_bytes_per_step(module, 64)
+    large_step = block_kernel_rows() + 1
+    small, large = weight_bytes_per_step(module, 1), weight_bytes_per_step(module, large_step)
     assert 60e6 < small < 130e6 and 3.5 < large / small < 6.5
     assert 2 * 130e6 < matmul_flops_per_row(module) < 2 * 140e6
