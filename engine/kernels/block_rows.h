@@ -223,7 +223,7 @@ static __attribute__((noinline, unused)) void q8_rows(
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define Q4_USES_BLOCK_SUMS 0    /* AVX2: the minima are in the dequantized weights */
 #define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
-#define PANEL_MIN_ROWS 32
+#define PANEL_MIN_ROWS 32       /* bench.blocks: panels even at 32 rows, ahead from 48 */
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
@@ -270,8 +270,9 @@ static inline int take_columns(WorkRanges *items, int part, int64_t n, int64_t *
  * against the columns [first, last) of a q4 weight: y[r * ldy + col - first], for y
  * at the tile's first row and column `first`. A step's later tiles meet the same
  * columns again, whose few KB of blocks are then still in L2, while the tile's x is
- * read by every column of the chunk (32 rows of a 2-vCPU Zen 3: 139-157 -> 111-130 ms
- * for the default model's blocks, against taking all tiles per column). */
+ * read by every column of the chunk (the default model's blocks on a 2-vCPU Zen 3:
+ * 16 rows 75-83 -> 62-67 ms, 24 rows 115-120 -> 92-97, against taking all tiles per
+ * column). */
 static inline void q4_columns(const uint8_t *q, const float *d, const float *m,
                               const float *x, const float *xsum, int64_t k, int64_t tile,
                               int64_t first, int64_t last, float *y, int64_t ldy) {
