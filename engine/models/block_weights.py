@@ -7,9 +7,10 @@ Q6_K: what a Q4_K_M file holds). The engine's dense fp32 weights are exactly tho
 blocks dequantized, so the blocks carry the same numbers in 5 to 10 bits per weight
 instead of 32. Decode steps (a few rows) are bound by reading the
 weights, so for them BlockLinear multiplies straight from the blocks
-(engine/kernels/block_gemm.c), accumulating in fp32; larger steps are bound by
-arithmetic and multiply the dense weight (fp32, or bf16 in dtype bf16-weights), packed
-for oneDNN once at load (packed_linear.py).
+(engine/kernels/block_gemm.c; on AVX2 builds steps of 32 rows and more through
+panels of dequantized weights, block_panels.c), accumulating in fp32; larger steps
+are bound by arithmetic and multiply the dense weight (fp32, or bf16 in dtype
+bf16-weights), packed for oneDNN once at load (packed_linear.py).
 
 `use_gguf_blocks` reads the blocks of every projection (and the LM head) from the
 GGUF file, reorders rows the way transformers' GGUF loader does for q/k (llama.cpp

@@ -138,6 +138,14 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
     for fast_output, dense_output in zip(got, want):      # the same numbers, to rounding
         assert fast_output.logprobs == pytest.approx(dense_output.logprobs, abs=2e-4)
+    wide = [prompt + tokenizer.encode(f" {i}") for i in range(12) for prompt in prompts]
+    assert len(wide) >= 32              # steps of 36 rows: AVX2 builds' panels serve them
+    short = GenerationConfig(max_new_tokens=6)
+    got = list(fast.generate_batch(wide, short, with_logprobs).values())
+    want = list(dense.generate_batch(wide, short, with_logprobs).values())
+    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
+    for fast_output, dense_output in zip(got, want):
+        assert fast_output.logprobs == pytest.approx(dense_output.logprobs, abs=2e-4)
 
 
 @pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "skylake-avx512"])
