@@ -54,9 +54,9 @@ static inline float minima_part(const float *m, const float *block_sums, int64_t
 
 /* y[r * n] (r < rows <= ROW_TILE) = sum over the row's blocks of
  * d * (q . x_r) + m * sum(x_r): each block is unpacked once for all rows. */
-static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q, const float *d, const float *m, const float *x,
-                    const float *xsum, int64_t blocks, int64_t k, int64_t rows, float *y,
-                    int64_t n) {
+static inline __attribute__((always_inline)) void q4_rows_impl(
+        const uint8_t *q, const float *d, const float *m, const float *x, const float *xsum,
+        int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n) {
 #ifdef __AVX512F__
     __m512 acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -128,8 +128,9 @@ static inline __attribute__((always_inline)) void q4_rows_impl(const uint8_t *q,
 }
 
 /* halves: d holds a scale per 16 weights (two per block), else one per block. */
-static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, const float *d, const float *x, int64_t blocks,
-                    int64_t k, int64_t rows, float *y, int64_t n, int halves) {
+static inline __attribute__((always_inline)) void q8_rows_impl(
+        const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
+        int64_t rows, float *y, int64_t n, int halves) {
 #ifdef __AVX512F__
     __m512 acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -195,9 +196,8 @@ static inline __attribute__((always_inline)) void q8_rows_impl(const int8_t *q, 
 
 /* Constant row counts let the compiler keep the accumulators in registers. */
 static __attribute__((noinline, unused)) void q4_rows(
-        const uint8_t *q, const float *d, const float *m, const float *x,
-                    const float *xsum, int64_t blocks, int64_t k, int64_t rows, float *y,
-                    int64_t n) {
+        const uint8_t *q, const float *d, const float *m, const float *x, const float *xsum,
+        int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n) {
     switch (rows) {
     case 1: q4_rows_impl(q, d, m, x, xsum, blocks, k, 1, y, n); break;
     case 2: q4_rows_impl(q, d, m, x, xsum, blocks, k, 2, y, n); break;
@@ -208,8 +208,8 @@ static __attribute__((noinline, unused)) void q4_rows(
 }
 
 static __attribute__((noinline, unused)) void q8_rows(
-        const int8_t *q, const float *d, const float *x, int64_t blocks,
-                    int64_t k, int64_t rows, float *y, int64_t n, int halves) {
+        const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
+        int64_t rows, float *y, int64_t n, int halves) {
     switch (rows) {
     case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, halves); break;
     case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, halves); break;
@@ -218,7 +218,6 @@ static __attribute__((noinline, unused)) void q8_rows(
     default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, halves);
     }
 }
-
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define Q4_USES_BLOCK_SUMS 0    /* AVX2: the minima are in the dequantized weights */
