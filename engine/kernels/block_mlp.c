@@ -2,11 +2,12 @@
  * h = silu(x W_gate^T) * (x W_up^T), y = h W_down^T, with W_gate and W_up the two
  * halves of one fused weight [2I, K] (gate rows first) and W_down a weight [N, I].
  *
- * The gate and up products of a chunk of COLUMN_CHUNK columns of I are formed a tile
- * of rows at a time into small buffers (the same sweep as block_gemm's), and h's chunk
- * is written from them, so gate and up never exist as whole [rows, I] arrays; the down
- * product is block_gemm's. Threads share the chunks through WorkRanges, as
- * block_gemm's do.
+ * Steps of a few rows form the gate and up products of a chunk of COLUMN_CHUNK
+ * columns of I a tile of rows at a time into small buffers (the same sweep as
+ * block_gemm's), and write h's chunk from them, so gate and up never exist as whole
+ * [rows, I] arrays; threads share the chunks through WorkRanges, as block_gemm's do.
+ * On AVX2 builds, steps of PANEL_MIN_ROWS rows and more take the panels instead
+ * (panel_gated_mlp). The down product is block_gemm's (or the panels') either way.
  */
 #include <math.h>
 #include <stdint.h>

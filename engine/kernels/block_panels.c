@@ -30,7 +30,6 @@
 #define PANEL_COLS 16
 #define PANEL_K 256        /* values of K per panel: 256 x 16 floats, 16 KiB */
 #define TILE_ROWS 6
-#define ROW_BLOCK 96       /* rows per pass over a panel (their slices of x: 96 KiB) */
 
 typedef struct {
     int kind;                        /* BLOCKS_Q4, BLOCKS_Q8 or BLOCKS_Q8_HALVES */
@@ -192,21 +191,17 @@ static void panel_part(const void *arg, int part, int parts) {
     (void)parts;
     int64_t first, last;
     while (take_columns(job->items, part, job->n, &first, &last))
-        for (int64_t block0 = 0; block0 < rows; block0 += ROW_BLOCK) {
-            const int64_t block_end = rows - block0 < ROW_BLOCK ? rows : block0 + ROW_BLOCK;
-            for (int64_t p0 = first; p0 < last; p0 += PANEL_COLS) {
-                const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
-                for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
-                    const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
-                    if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, panel);
-                    else q8_panel(job, p0, cols, k0, count, panel);
-                    for (int64_t r0 = block0; r0 < block_end; r0 += TILE_ROWS)
-                        panel_tile(job->x + r0 * k + k0, k, panel, count,
-                                   job->y + r0 * job->ldy + p0, job->ldy,
-                                   block_end - r0 < TILE_ROWS ? (int)(block_end - r0)
-                                                              : TILE_ROWS,
-                                   cols, k0 > 0);
-                }
+        for (int64_t p0 = first; p0 < last; p0 += PANEL_COLS) {
+            const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
+            for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
+                const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
+                if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, panel);
+                else q8_panel(job, p0, cols, k0, count, panel);
+                for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
+                    panel_tile(job->x + r0 * k + k0, k, panel, count,
+                               job->y + r0 * job->ldy + p0, job->ldy,
+                               rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS, cols,
+                               k0 > 0);
             }
         }
 }
