@@ -4,13 +4,20 @@
  *
  * The row kernels (block_rows.h) dot each weight row with up to 8 rows of x, so every
  * FMA also loads a vector of x, and each accumulator takes 4 FMAs in a row per block.
- * Here the weights are dequantized once per step into panels: 16 columns of W by
- * PANEL_K values of K, stored k-major (panel[kk * 16 + c] = W[first + c, k0 + kk]),
- * 16 KiB that stay in L1. A tile of 6 rows of x then runs over the panel with 12
- * accumulators (6 rows x 2 vectors of 8 columns): per k, two panel loads and six
- * broadcasts of x feed 12 independent FMAs, the register blocking of BLIS's 6x16
- * kernels for AVX2. The sums run in k order per output, continued across slices of K
- * through y, so they equal the dense fp32 product up to rounding.
+ * Here the weights are dequantized once per step into panels: 16 columns of W by up
+ * to PANEL_K values of K, stored k-major (panel[kk * 16 + c] = W[first + c, k0 + kk]),
+ * two per chunk of 32 columns, at most 256 KiB in L2. A tile of 6 rows of x then runs
+ * over each panel of the chunk with 12 accumulators (6 rows x 2 vectors of 8
+ * columns): per k, two panel loads and six broadcasts of x feed 12 independent FMAs,
+ * the register blocking of BLIS's 6x16 kernels for AVX2. The sums run in k order per
+ * output (continued through y across slices of K where K > PANEL_K), so they equal
+ * the dense fp32 product up to rounding.
+ *
+ * Panels of 256 values of K, each taking every tile in turn, read all of x once per
+ * 16 columns and added into y per slice: at 4,096 rows (x 9-25 MB) that streamed
+ * from memory, and `bench.blocks` fell to 53-60 GFLOP/s; the tiles now meet both
+ * panels of a chunk and the whole of K (75-82 GFLOP/s there, 64 rows 172-194 ->
+ * 164-176 ms).
  *
  * Dequantizing costs about one operation per weight (8 weights of a column per vector,
  * then an 8x8 transpose): ~35 ms per step for the default model's 134M weights on 2
@@ -28,7 +35,8 @@
 #if PANEL_KERNELS
 
 #define PANEL_COLS 16
-#define PANEL_K 256        /* values of K per panel: 256 x 16 floats, 16 KiB */
+#define PANEL_K 2048       /* values of K per panel, at most: 2048 x 16 floats, 128 KiB */
+#define CHUNK_PANELS (COLUMN_CHUNK / PANEL_COLS)
 #define TILE_ROWS 6
 
 typedef struct {
@@ -184,26 +192,44 @@ static void panel_tile(const float *x, int64_t k, const float *panel, int64_t co
     }
 }
 
-static void panel_part(const void *arg, int part, int parts) {
-    const PanelJob *job = arg;
+/* Each part's panels: CHUNK_PANELS of up to PANEL_K values of K each (256 KiB, in L2),
+ * per thread: libgomp's helpers and the pool's run the parts, and their stacks may be
+ * small. */
+static _Thread_local float chunk_panels[CHUNK_PANELS][PANEL_K * PANEL_COLS]
+    __attribute__((aligned(32)));
+
+/* One chunk of columns [first, last), up to CHUNK_PANELS panels wide: per slice of K,
+ * its panels are unpacked, then each tile of rows runs over all of them in turn, so
+ * the tile's x is read from memory once per chunk, and y is written once per slice
+ * (once in all where K <= PANEL_K). */
+static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
     const int64_t k = job->k, rows = job->rows;
-    float panel[PANEL_K * PANEL_COLS] __attribute__((aligned(32)));
-    (void)parts;
-    int64_t first, last;
-    while (take_columns(job->items, part, job->n, &first, &last))
-        for (int64_t p0 = first; p0 < last; p0 += PANEL_COLS) {
+    const int panels = (int)((last - first + PANEL_COLS - 1) / PANEL_COLS);
+    for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
+        const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
+        for (int p = 0; p < panels; p++) {
+            const int64_t p0 = first + p * PANEL_COLS;
             const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
-            for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
-                const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
-                if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, panel);
-                else q8_panel(job, p0, cols, k0, count, panel);
-                for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-                    panel_tile(job->x + r0 * k + k0, k, panel, count,
-                               job->y + r0 * job->ldy + p0, job->ldy,
-                               rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS, cols,
-                               k0 > 0);
+            if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, chunk_panels[p]);
+            else q8_panel(job, p0, cols, k0, count, chunk_panels[p]);
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+            const int tile_rows = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
+            for (int p = 0; p < panels; p++) {
+                const int64_t p0 = first + p * PANEL_COLS;
+                const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
+                panel_tile(job->x + r0 * k + k0, k, chunk_panels[p], count,
+                           job->y + r0 * job->ldy + p0, job->ldy, tile_rows, cols, k0 > 0);
             }
         }
+    }
+}
+
+static void panel_part(const void *arg, int part, int parts) {
+    const PanelJob *job = arg;
+    (void)parts;
+    int64_t first, last;
+    while (take_columns(job->items, part, job->n, &first, &last)) panel_chunk(job, first, last);
 }
 
 /* block_gemm's product through panels (kind, shapes and strides as there; K a

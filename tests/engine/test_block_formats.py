@@ -76,13 +76,15 @@ def test_every_form_multiplies_like_the_dense_weight(kernels, kind, rows):
 
 @pytest.mark.parametrize("kind", sorted(FORM_OF))
 @pytest.mark.parametrize("rows", [33, 64])
-def test_steps_of_many_rows_multiply_like_the_dense_weight(kernels, kind, rows):
+@pytest.mark.parametrize("k", [768, 2304])
+def test_steps_of_many_rows_multiply_like_the_dense_weight(kernels, kind, rows, k):
     """Steps of 32 rows and more take panels on AVX2 builds (block_panels.c): 40
-    columns are two panels of 16 and one of 8, K = 768 three slices of 256, 33 rows
-    five tiles of 6 and one of 3."""
-    blocks = parse_blocks(kind, torch.from_numpy(random_blocks(kind, 40, 768, seed=rows).copy()))
+    columns are a chunk of two panels of 16 and a chunk of one panel of 8; 33 rows
+    five tiles of 6 and one of 3; K = 2,304 two slices (2,048 and 256), the second
+    added to the first's sums in y."""
+    blocks = parse_blocks(kind, torch.from_numpy(random_blocks(kind, 40, k, seed=rows).copy()))
     weight = blocks.dequantize()
-    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     wide = torch.full((rows, 50), 7.0)
     got = kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima,
                        out=wide[:, 5:45])
