@@ -73,18 +73,19 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
         return 0;
     }
 #endif
+    float *ordered, *xsum = NULL;
+    if (block_order(x, rows, k, &ordered)) return 2;
+    if (kind == BLOCKS_Q4 && block_sums(x, rows, k, &xsum)) {
+        free(ordered);
+        return 2;
+    }
     WorkRanges items;
     work_ranges_init(&items, (n + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
-    GemmJob job = {x, d, m, NULL, q, rows, k, n, y, ldy, kind == BLOCKS_Q8_HALVES, &items};
-    if (kind != BLOCKS_Q4) {
-        run_parallel(q8_part, &job, num_threads);
-        return 0;
-    }
-    float *xsum;
-    if (block_sums(x, rows, k, &xsum)) return 2;
-    job.xsum = xsum;
-    run_parallel(q4_part, &job, num_threads);
+    GemmJob job = {ordered ? ordered : x, d, m, xsum, q, rows, k, n, y, ldy,
+                   kind == BLOCKS_Q8_HALVES, &items};
+    run_parallel(kind == BLOCKS_Q4 ? q4_part : q8_part, &job, num_threads);
     free(xsum);
+    free(ordered);
     return 0;
 }
 

@@ -91,18 +91,19 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
                                                        down_d, down_m, n, y, num_threads);
 #endif
     float *h = malloc(sizeof(float) * rows * intermediate);
-    float *xsum = NULL;
+    float *xsum = NULL, *ordered = NULL;
     int status = 2;
-    if (h && !block_sums(x, rows, k, &xsum)) {
+    if (h && !block_sums(x, rows, k, &xsum) && !block_order(x, rows, k, &ordered)) {
         WorkRanges chunks;
         work_ranges_init(&chunks, (intermediate + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
-        GateUpJob job = {x, xsum, gate_up_q, gate_up_d, gate_up_m, rows, k, intermediate, h,
-                         &chunks};
+        GateUpJob job = {ordered ? ordered : x, xsum, gate_up_q, gate_up_d, gate_up_m, rows,
+                         k, intermediate, h, &chunks};
         run_parallel(gate_up_part, &job, num_threads);
         status = block_gemm(BLOCKS_Q4, h, rows, intermediate, down_q, down_d, down_m, n, y, n,
                             num_threads);
     }
     free(h);
     free(xsum);
+    free(ordered);
     return status;
 }
