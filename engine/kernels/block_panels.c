@@ -16,8 +16,8 @@
  * Panels of 256 values of K, each taking every tile in turn, read all of x once per
  * 16 columns and added into y per slice: at 4,096 rows (x 9-25 MB) that streamed
  * from memory, and `bench.blocks` fell to 53-60 GFLOP/s; the tiles now meet both
- * panels of a chunk and the whole of K (75-82 GFLOP/s there, 64 rows 172-194 ->
- * 164-176 ms).
+ * panels of a chunk and the whole of K (75-82 GFLOP/s there; 64 rows 154-194 ->
+ * 152-176 ms, within this host's noise).
  *
  * Dequantizing costs about one operation per weight (8 weights of a column per vector,
  * then an 8x8 transpose): ~35 ms per step for the default model's 134M weights on 2

@@ -100,43 +100,33 @@ static inline __attribute__((always_inline)) void q4_rows_impl(
     /* Each block is dequantized once for all rows, w = d q + m (an FMA per 8 weights),
      * so a row costs four FMAs per block and no pass over the minima: AVX2 has half
      * AVX-512's lanes, and the FMAs, not the weight bytes, bound steps of a few rows.
-     * Up to 4 rows each keep two accumulators (two chains of two FMAs per block, not
-     * one of four), one row four; more rows are enough independent chains themselves.
-     * x is in block order (block_order). */
+     * A row's four FMAs per block go into `chains` accumulators in turn: four for one
+     * row (one FMA per block each), two up to 4 rows; more rows are enough independent
+     * chains themselves. x is in block order (block_order). */
     (void)xsum;
-    const int split = rows <= 4;
-    __m256 acc[ROW_TILE], acc2[ROW_TILE], acc3 = _mm256_setzero_ps(), acc4 = acc3;
-    for (int64_t r = 0; r < rows; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
+    const int chains = rows == 1 ? 4 : rows <= 4 ? 2 : 1;
+    __m256 acc[ROW_TILE][4];
+    for (int64_t r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const __m256i codes = q4_codes(q + b * 16);
         const __m256 scale = _mm256_set1_ps(d[b]), minimum = _mm256_set1_ps(m[b]);
-        const __m256 w0 = _mm256_fmadd_ps(q4_weights(codes, 0), scale, minimum);
-        const __m256 w1 = _mm256_fmadd_ps(q4_weights(codes, 1), scale, minimum);
-        const __m256 w2 = _mm256_fmadd_ps(q4_weights(codes, 2), scale, minimum);
-        const __m256 w3 = _mm256_fmadd_ps(q4_weights(codes, 3), scale, minimum);
+        const __m256 w[4] = {_mm256_fmadd_ps(q4_weights(codes, 0), scale, minimum),
+                             _mm256_fmadd_ps(q4_weights(codes, 1), scale, minimum),
+                             _mm256_fmadd_ps(q4_weights(codes, 2), scale, minimum),
+                             _mm256_fmadd_ps(q4_weights(codes, 3), scale, minimum)};
         for (int64_t r = 0; r < rows; r++) {
             const float *xb = x + r * k + b * BLOCK;
-            if (rows == 1) {
-                acc[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[0]);
-                acc2[0] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc2[0]);
-                acc3 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc3);
-                acc4 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc4);
-                continue;
-            }
-            acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r]);
-            if (split) {
-                acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc2[r]);
-                acc[r] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r]);
-                acc2[r] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc2[r]);
-            } else {
-                acc[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r]);
-                acc[r] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r]);
-                acc[r] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r]);
-            }
+            for (int j = 0; j < 4; j++)
+                acc[r][j % chains] =
+                    _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), acc[r][j % chains]);
         }
     }
-    acc[0] = _mm256_add_ps(acc[0], _mm256_add_ps(acc3, acc4));
-    for (int64_t r = 0; r < rows; r++) y[r * n] = sum8(_mm256_add_ps(acc[r], acc2[r]));
+    for (int64_t r = 0; r < rows; r++) {
+        __m256 total = acc[r][0];
+        for (int j = 1; j < chains; j++) total = _mm256_add_ps(total, acc[r][j]);
+        y[r * n] = sum8(total);
+    }
 #else
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;
@@ -225,12 +215,15 @@ static inline __attribute__((always_inline)) void q8_rows_impl(
 static __attribute__((noinline, unused)) void q4_rows(
         const uint8_t *q, const float *d, const float *m, const float *x, const float *xsum,
         int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n) {
-    switch (rows) {
+    switch (rows) {     /* every tile size: the accumulators' chains are constants too */
     case 1: q4_rows_impl(q, d, m, x, xsum, blocks, k, 1, y, n); break;
     case 2: q4_rows_impl(q, d, m, x, xsum, blocks, k, 2, y, n); break;
+    case 3: q4_rows_impl(q, d, m, x, xsum, blocks, k, 3, y, n); break;
     case 4: q4_rows_impl(q, d, m, x, xsum, blocks, k, 4, y, n); break;
-    case 8: q4_rows_impl(q, d, m, x, xsum, blocks, k, 8, y, n); break;
-    default: q4_rows_impl(q, d, m, x, xsum, blocks, k, rows, y, n);
+    case 5: q4_rows_impl(q, d, m, x, xsum, blocks, k, 5, y, n); break;
+    case 6: q4_rows_impl(q, d, m, x, xsum, blocks, k, 6, y, n); break;
+    case 7: q4_rows_impl(q, d, m, x, xsum, blocks, k, 7, y, n); break;
+    default: q4_rows_impl(q, d, m, x, xsum, blocks, k, ROW_TILE, y, n);
     }
 }
 
