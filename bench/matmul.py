@@ -7,7 +7,9 @@ For each shape (in x out) it makes `--weights` distinct random bf16 weights (30:
 per layer of the default model, so the weights stream from memory as in a decode
 step, not from the CPU's caches), packs each both ways (packed_linear.pack_weight),
 and times one product per weight with each path, alternating, for every row count.
-Prints GFLOP/s of both and their ratio; `--json` writes them.
+Prints GFLOP/s of both and their ratio; `--json` writes them. On CPUs with AMX the
+native GEMM is timed both ways, on AMX tiles (`amx`, what serves there) and on the
+AVX512-BF16 loop (`native`, what KVSERVE_AMX=0 keeps).
 """
 
 from __future__ import annotations
@@ -51,13 +53,24 @@ def measure(rows: int, in_features: int, out_features: int, num_weights: int,
     def onednn(weight):
         torch.ops.mkldnn._linear_pointwise(x, weight.onednn, None, "none", [], "")
 
-    native_s = min(_seconds(native, weights, repeats), _seconds(native, weights, repeats))
-    onednn_s = min(_seconds(onednn, weights, repeats), _seconds(onednn, weights, repeats))
+    def best(run) -> float:
+        return min(_seconds(run, weights, repeats), _seconds(run, weights, repeats))
+
     flops = 2 * rows * in_features * out_features
-    return {"rows": rows, "in": in_features, "out": out_features,
-            "native_gflops": round(flops / native_s / 1e9, 1),
-            "onednn_gflops": round(flops / onednn_s / 1e9, 1),
-            "native_over_onednn": round(onednn_s / native_s, 2)}
+    amx = kernels.amx
+    row = {"rows": rows, "in": in_features, "out": out_features}
+    if amx:
+        row["amx_gflops"] = round(flops / best(native) / 1e9, 1)
+        kernels.use_amx(False)
+    try:
+        native_s = best(native)
+    finally:
+        kernels.use_amx(amx)
+    onednn_s = best(onednn)
+    row.update({"native_gflops": round(flops / native_s / 1e9, 1),
+                "onednn_gflops": round(flops / onednn_s / 1e9, 1),
+                "native_over_onednn": round(onednn_s / native_s, 2)})
+    return row
 
 
 def main(argv=None) -> dict:
@@ -77,7 +90,8 @@ def main(argv=None) -> dict:
         for rows in (int(r) for r in args.rows.split(",")):
             row = measure(rows, in_features, out_features, count, args.repeats)
             results.append(row)
-            print(f"{rows:5d} x {in_features:5d} -> {out_features:6d}  native "
+            amx = f"  AMX {row['amx_gflops']:6.1f}" if "amx_gflops" in row else ""
+            print(f"{rows:5d} x {in_features:5d} -> {out_features:6d}{amx}  native "
                   f"{row['native_gflops']:6.1f}  oneDNN {row['onednn_gflops']:6.1f} GFLOP/s  "
                   f"({row['native_over_onednn']:.2f}x)", flush=True)
     report = {"threads": torch.get_num_threads(), "results": results}

@@ -24,6 +24,8 @@
  * back at its column (gate columns first).
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "vector_math.h"
@@ -51,6 +53,9 @@ typedef struct {
                                 activation (ACTIVATION_SILU, ACTIVATION_GELU_TANH) */
     int64_t panel;           /* vectors per panel: 3, or 2 (one gate/up pair) when fused */
     WorkRanges *panels;      /* panels, shared out between the parts */
+    int amx;                 /* 1: AMX tiles (bf16_amx.c), panels of 2 vectors */
+    const uint16_t *tail;    /* AMX, m not a multiple of 16: x's last m % 16 rows, then
+                                zero rows, 16 rows of k */
 } GemmJob;
 
 /* The first column of y that vector v fills: 16 v, or for a gated layout the gate's
@@ -68,6 +73,15 @@ static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __
     } else {
         _mm512_mask_storeu_ps((float *)job->y + row * job->y_stride + column, valid, value);
     }
+}
+
+/* act(gate) * up of one row into y (bf16), vector = gate block vector / 2's pair. */
+static inline void store_fused(const GemmJob *job, int64_t row, int64_t vector, __m512 gate,
+                               __m512 up) {
+    const __m512 activated = job->fused == ACTIVATION_GELU_TANH ? gelu_tanh_times16(gate, up)
+                                                                : silu_times16(gate, up);
+    uint16_t *out = (uint16_t *)job->y + row * job->y_stride + (vector / 2) * 16;
+    _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(activated));
 }
 
 /* Rows [row, row + rows) x vectors [vector, vector + width) of y; `next` (or NULL) is
@@ -96,14 +110,7 @@ static inline __attribute__((always_inline)) void tile(
         }
     }
     if (job->fused) {       /* width 2: vector (gate j, up j), j = vector / 2 */
-        uint16_t *out = (uint16_t *)job->y + (vector / 2) * 16;
-        for (int r = 0; r < rows; r++) {
-            const __m512 activated = job->fused == ACTIVATION_GELU_TANH
-                                         ? gelu_tanh_times16(acc[r][0], acc[r][1])
-                                         : silu_times16(acc[r][0], acc[r][1]);
-            _mm256_storeu_si256((__m256i *)(out + (row + r) * job->y_stride),
-                                (__m256i)_mm512_cvtneps_pbh(activated));
-        }
+        for (int r = 0; r < rows; r++) store_fused(job, row + r, vector, acc[r][0], acc[r][1]);
         return;
     }
     for (int r = 0; r < rows; r++)
@@ -111,11 +118,54 @@ static inline __attribute__((always_inline)) void tile(
             store_row(job, row + r, column_of(job, vector + v), acc[r][v]);
 }
 
+/* gemm_part on AMX tiles: each panel of 2 vectors, 32 rows at a time through c
+ * (row r, column 16 v + j) into y. */
+static void amx_part(const GemmJob *job, int part) {
+    float c[32 * 32] __attribute__((aligned(64)));
+    const int64_t vector_words = job->k / 2 * 16;
+    int64_t panel, limit;
+    bf16_amx_begin();
+    while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
+        const int64_t vector = panel * 2;
+        const int width = job->vectors - vector < 2 ? 1 : 2;
+        /* the next panel of this range, whole (2 vectors), prefetched by the first rows */
+        const uint32_t *next = panel + 1 < limit && vector + 4 <= job->vectors
+                                   ? job->w + (vector + 2) * vector_words : NULL;
+        for (int64_t row = 0; row < job->m; row += 32) {
+            const int64_t rows = job->m - row < 32 ? job->m - row : 32;
+            BlockRows blocks[2];
+            for (int b = 0; b < 2; b++) {
+                const int64_t first = row + 16 * b;
+                const int whole = first + 16 <= job->m;
+                blocks[b].x = whole ? job->x + first * job->x_stride : job->tail;
+                blocks[b].stride = whole ? job->x_stride : job->k;
+            }
+            bf16_amx_panel(blocks, rows > 16 ? 2 : 1, job->w + vector * vector_words,
+                           vector_words, width, job->k, c, row == 0 ? next : NULL);
+            for (int64_t r = 0; r < rows; r++) {
+                const __m512 first = _mm512_load_ps(c + r * 32);
+                const __m512 second = _mm512_load_ps(c + r * 32 + 16);
+                if (job->fused) {
+                    store_fused(job, row + r, vector, first, second);
+                    continue;
+                }
+                store_row(job, row + r, column_of(job, vector), first);
+                if (width == 2) store_row(job, row + r, column_of(job, vector + 1), second);
+            }
+        }
+    }
+    bf16_amx_end();
+}
+
 /* Part `part` takes panels from job->panels (its own range first); each panel: all
  * rows, prefetching the panel after it while that one is in the same range. */
 static void gemm_part(const void *arg, int part, int parts) {
     (void)parts;
     const GemmJob *job = arg;
+    if (job->amx) {
+        amx_part(job, part);
+        return;
+    }
     const int64_t panel_stride = job->k / 2 * 16;
     int64_t panel, limit;
     while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
@@ -134,13 +184,32 @@ static void gemm_part(const void *arg, int part, int parts) {
     }
 }
 
-static void run_gemm(GemmJob *job, int num_threads) {
+/* Runs the job on AMX tiles where they serve (K a multiple of 32; x's last m % 16
+ * rows copied into a tile of 16 with zeros), else on AVX512-BF16. Returns 0, or 3
+ * when that copy cannot be allocated. */
+static int run_gemm(GemmJob *job, int num_threads) {
+    uint16_t *padded = NULL;
+    job->amx = bf16_amx_on() && job->k % 32 == 0;
+    if (job->amx) {
+        job->panel = 2;
+        const int64_t whole = job->m / 16 * 16, left = job->m - whole;
+        if (left) {
+            padded = calloc((size_t)(16 * job->k), sizeof(uint16_t));
+            if (!padded) return 3;
+            for (int64_t r = 0; r < left; r++)
+                memcpy(padded + r * job->k, job->x + (whole + r) * job->x_stride,
+                       (size_t)job->k * sizeof(uint16_t));
+            job->tail = padded;
+        }
+    }
     const int64_t panels = (job->vectors + job->panel - 1) / job->panel;
     const int parts = num_threads < 1 ? 1 : num_threads > panels ? (int)panels : num_threads;
     WorkRanges shared;
     work_ranges_init(&shared, panels, parts);
     job->panels = &shared;
     run_parallel(gemm_part, job, parts);
+    free(padded);
+    return 0;
 }
 
 /* x [m, k] bf16 (rows x_stride apart, k even), w packed as above, y [m, n] (rows
@@ -153,9 +222,8 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
     if (k % 2 || (gated_inter && (gated_inter % 16 || n != 2 * gated_inter))) return 1;
     if (m <= 0 || n <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16, gated_inter,
-                   0, PANEL, NULL};
-    run_gemm(&job, num_threads);
-    return 0;
+                   0, PANEL, NULL, 0, NULL};
+    return run_gemm(&job, num_threads);
 }
 
 /* A gated MLP's activation straight from its gate/up product: y [m, inter] bf16 (rows
@@ -170,9 +238,8 @@ int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int6
     if (activation != ACTIVATION_SILU && activation != ACTIVATION_GELU_TANH) return 1;
     if (m <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter,
-                   activation, 2, NULL};
-    run_gemm(&job, num_threads);
-    return 0;
+                   activation, 2, NULL, 0, NULL};
+    return run_gemm(&job, num_threads);
 }
 
 #else

@@ -38,7 +38,8 @@ SOURCES = [Path(__file__).with_name(name)
                         "paged_attention.c", "attention_vectors.c", "attention_avx2.c",
                         "attention_bf16.c", "prefill_attention.c", "bf16_gemm.c",
                         "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
-                        "decode_layer.c", "decoder_stack.c", "worker_pool.c")]
+                        "decode_layer.c", "decoder_stack.c", "worker_pool.c",
+                        "bf16_amx.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h")]
 _lock = threading.Lock()

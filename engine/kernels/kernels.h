@@ -87,6 +87,21 @@ int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int6
                     int64_t k, int64_t inter, uint16_t *y, int64_t y_stride, int activation,
                     int num_threads);
 
+/* bf16_amx.c: bf16_gemm's products on AMX tiles where the CPU has them;
+ * bf16_amx_enable(1) asks Linux for the tiles (once per process) and returns whether
+ * they serve, bf16_amx_enable(0) turns them off. */
+int bf16_amx_enable(int wanted);
+int bf16_amx_on(void);
+void bf16_amx_begin(void);
+void bf16_amx_end(void);
+typedef struct {
+    const uint16_t *x;       /* 16 rows of bf16 */
+    int64_t stride;          /* elements from one row to the next */
+} BlockRows;
+void bf16_amx_panel(const BlockRows *rows, int blocks, const uint32_t *w,
+                    int64_t vector_words, int width, int64_t k, float *c,
+                    const uint32_t *ahead);
+
 /* attention_bf16.c: the same passes over a bf16 cache with AVX512-BF16 dot products,
  * for head sizes attention_bf16_apply accepts on this build; words: scratch of
  * heads * (count + 1) 32-bit words. */

@@ -5,6 +5,7 @@ C code relies on; ctypes releases the GIL during each call."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import torch
@@ -24,7 +25,7 @@ SIGNATURES = {
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
-    "set_openmp_runtime": "ppp", "use_openmp_helpers": "i",
+    "set_openmp_runtime": "ppp", "use_openmp_helpers": "i", "bf16_amx_enable": "i",
     "bf16_decoder_stack": "psppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
@@ -54,6 +55,9 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         self.has_bf16_gemm = bool(library.bf16_gemm_available())
+        self.amx = self.has_bf16_gemm and self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
+        """Whether bf16_gemm multiplies on AMX tiles (bf16_amx.c; KVSERVE_AMX=0 keeps
+        the AVX512-BF16 loop)."""
         self.block_lanes = int(library.block_gemm_lanes())
         """16 (AVX-512), 8 (AVX2) or 1: the vectors of the block kernels (block_gemm.c)."""
         entry_points = openmp_entry_points()
@@ -104,6 +108,12 @@ class NativeKernels:
         if status:
             raise RuntimeError(f"bf16 GEMM failed ({status}) for K={x.shape[1]}")
         return y
+
+    def use_amx(self, wanted: bool) -> bool:
+        """Turn the bf16 GEMM's AMX tiles on (where this CPU and Linux allow them) or
+        off for the whole process; returns whether they serve. Not while a GEMM runs."""
+        self.amx = bool(self._library.bf16_amx_enable(int(wanted)))
+        return self.amx
 
     @property
     def library(self) -> ctypes.CDLL:

@@ -1,5 +1,6 @@
 """bench.matmul times the native bf16 GEMM and oneDNN on the same packed weights and
-reports both rates and their ratio."""
+reports both rates and their ratio (and, where AMX serves, the tiles' rate too, the
+tiles left as they were)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ def test_matmul_bench_reports_both_paths(tmp_path):
         pytest.skip("no native bf16 GEMM on this CPU")
     from bench.matmul import main
 
+    serving = kernels.amx
     out = tmp_path / "matmul.json"
     report = main(["--rows", "8,33", "--shapes", "256x384", "--weights", "2", "--repeats", "1",
                    "--json", str(out)])
     assert [(r["rows"], r["in"], r["out"]) for r in report["results"]] == [(8, 256, 384), (33, 256, 384)]
     for row in report["results"]:
         assert row["native_gflops"] > 0 and row["onednn_gflops"] > 0
+        assert ("amx_gflops" in row) == kernels.amx      # timed both ways where AMX serves
         # the rates are rounded to 0.1 GFLOP/s, the ratio comes from the raw times
         assert row["native_over_onednn"] == pytest.approx(
             row["native_gflops"] / row["onednn_gflops"], rel=0.15)
     assert json.loads(out.read_text()) == report
+    assert kernels.amx == serving

@@ -1,6 +1,8 @@
-"""The native bf16 GEMM (engine/kernels/bf16_gemm.c) and its weight layout: products of
-bf16 rows and weights equal an fp64 product of the same bf16 values up to fp32
-accumulation, at every row and column remainder of its 8-row, 48-column tiles; bf16
+"""The native bf16 GEMM (engine/kernels/bf16_gemm.c) and its weight layout, on the
+AVX512-BF16 loop and on AMX tiles (bf16_amx.c): products of bf16 rows and weights
+equal an fp64 product of the same bf16 values up to fp32 accumulation, at every row
+and column remainder of the loop's 8-row, 48-column tiles and of AMX's 16-row
+tiles and 32-column panels, K a multiple of 32 or not; bf16
 output is that result rounded; packed_linear sends small steps to it and large ones
 to oneDNN; a gated MLP's paired gate/up gives the unfused activation of its fp32
 sums, bit for bit."""
@@ -15,13 +17,20 @@ from engine.models.packed_linear import (NATIVE_BF16_MAX_ROWS, bf16_pairs, gate_
                                          pack_weight, packed_gated, packed_linear)
 
 
-@pytest.fixture(scope="module")
-def kernels():
+@pytest.fixture(scope="module", params=["avx512-bf16", "amx"])
+def kernels(request):
+    """The kernels with the GEMM on the AVX512-BF16 loop, then on AMX tiles (where the
+    CPU has them; K a multiple of 32 takes the tiles, others the loop)."""
     built = load_native_kernels()
     assert built is not None, "a C compiler is part of this project's CI machine"
     if not built.has_bf16_gemm:
         pytest.skip("this CPU has no AVX512-BF16: packed_linear keeps oneDNN")
-    return built
+    serving = built.amx
+    if built.use_amx(request.param == "amx") != (request.param == "amx"):
+        built.use_amx(serving)
+        pytest.skip("this CPU (or its kernel) gives no AMX tiles")
+    yield built
+    built.use_amx(serving)
 
 
 def test_pairs_layout_worked_example():
@@ -33,8 +42,9 @@ def test_pairs_layout_worked_example():
     assert torch.all(pairs[1, :, 4:] == 0)                          # rows 20..31: padding
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 32, 33])
-@pytest.mark.parametrize("in_features,out_features", [(64, 48), (576, 100), (2, 17), (130, 15)])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 32, 33, 50])
+@pytest.mark.parametrize("in_features,out_features",
+                         [(64, 48), (576, 100), (2, 17), (130, 15), (96, 16)])
 def test_products_equal_fp64_of_the_bf16_values(kernels, rows, in_features, out_features):
     generator = torch.Generator().manual_seed(rows * 1000 + out_features)
     x = torch.randn(rows, in_features, generator=generator).bfloat16()
@@ -119,3 +129,29 @@ def test_paired_gate_up_with_gelu_tanh(kernels):
     assert torch.all((got - want).abs() <= ulp)
     big = torch.randn(NATIVE_BF16_MAX_ROWS + 1, in_features, generator=generator).bfloat16()
     assert packed_gated(big, paired, kernels, "gelu_tanh") is None
+
+
+def test_amx_tiles_take_the_products_where_the_cpu_has_them():
+    """Where AMX serves, K a multiple of 32 runs on the tiles: the same products as the
+    loop's to fp32 accumulation, summed in another order (so not all bit-equal); K of
+    another size stays on the loop, bit for bit."""
+    built = load_native_kernels()
+    if built is None or not built.has_bf16_gemm:
+        pytest.skip("this CPU has no AVX512-BF16")
+    serving = built.amx
+    try:
+        if not built.use_amx(True):
+            pytest.skip("this CPU (or its kernel) gives no AMX tiles")
+        generator = torch.Generator().manual_seed(21)
+        results = {}
+        for in_features in (576, 130):
+            x = torch.randn(40, in_features, generator=generator).bfloat16()
+            pairs = bf16_pairs(torch.randn(100, in_features, generator=generator).bfloat16())
+            for amx in (True, False):
+                built.use_amx(amx)
+                results[in_features, amx] = built.bf16_gemm(x, pairs, 100, torch.float32)
+        assert not torch.equal(results[576, True], results[576, False])
+        torch.testing.assert_close(results[576, True], results[576, False], rtol=1e-5, atol=1e-4)
+        assert torch.equal(results[130, True], results[130, False])
+    finally:
+        built.use_amx(serving)
