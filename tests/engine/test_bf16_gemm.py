@@ -2,7 +2,7 @@
 AVX512-BF16 loop and on AMX tiles (bf16_amx.c): products of bf16 rows and weights
 equal an fp64 product of the same bf16 values up to fp32 accumulation, at every row
 and column remainder of the loop's 8-row, 48-column tiles and of AMX's 16-row
-tiles and 32-column panels, K a multiple of 32 or not; bf16
+tiles, 32-column panels and 256-row blocks, K a multiple of 32 or not; bf16
 output is that result rounded; packed_linear sends small steps to it and large ones
 to oneDNN; a gated MLP's paired gate/up gives the unfused activation of its fp32
 sums, bit for bit."""
@@ -42,7 +42,7 @@ def test_pairs_layout_worked_example():
     assert torch.all(pairs[1, :, 4:] == 0)                          # rows 20..31: padding
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 32, 33, 50])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 32, 33, 50, 300])
 @pytest.mark.parametrize("in_features,out_features",
                          [(64, 48), (576, 100), (2, 17), (130, 15), (96, 16)])
 def test_products_equal_fp64_of_the_bf16_values(kernels, rows, in_features, out_features):
