@@ -17,6 +17,9 @@
  * cores, weights from memory, 32 rows): see docs/benchmarks.md ("bf16 matmuls of
  * decode steps").
  *
+ * On CPUs with AMX (bf16_amx.c) the same layout feeds tile products instead, for K a
+ * multiple of 32: panels of 2 vectors, 32 rows at a time, the epilogue below.
+ *
  * Output: fp32, or bf16 rounded to nearest even (vcvtneps2bf16, as oneDNN's).
  * bf16_gated_gemm runs a gated MLP's gate/up product on a paired layout (gate and up
  * in alternating 16-row blocks, one pair per panel) and writes act(gate) * up in
@@ -76,7 +79,8 @@ static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __
     }
 }
 
-/* act(gate) * up of one row into y (bf16), vector = gate block vector / 2's pair. */
+/* act(gate) * up of one row into y (bf16), for the pair of vectors (gate j, up j)
+ * starting at vector = 2 j: columns 16 j .. 16 j + 15. */
 static inline void store_fused(const GemmJob *job, int64_t row, int64_t vector, __m512 gate,
                                __m512 up) {
     const __m512 activated = job->fused == ACTIVATION_GELU_TANH ? gelu_tanh_times16(gate, up)
@@ -133,7 +137,8 @@ static void amx_part(const GemmJob *job, int part) {
     while ((item = work_ranges_take(job->panels, part, &limit)) >= 0) {
         const int64_t panel = item % panels, vector = panel * 2;
         const int64_t first_row = item / panels * AMX_ROW_BLOCK;
-        const int64_t end_row = job->m - first_row < AMX_ROW_BLOCK ? job->m : first_row + AMX_ROW_BLOCK;
+        const int64_t end_row = job->m - first_row < AMX_ROW_BLOCK ? job->m
+                                                                   : first_row + AMX_ROW_BLOCK;
         const int width = job->vectors - vector < 2 ? 1 : 2;
         /* the next item's panel, when whole (2 vectors), prefetched by the first rows */
         const int64_t next_vector = (item + 1) % panels * 2;
