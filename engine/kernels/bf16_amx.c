@@ -16,8 +16,8 @@
  *      2 = rows 16-31 x vector 0, 3 = rows 16-31 x vector 1;
  *   A: 4 = rows 0-15, 5 = rows 16-31;   B: 6 = vector 0, 7 = vector 1.
  * Per 32 values of K: two A loads from L1, two B loads (2 KB of weights), four
- * products. K must be a multiple of 32, and each A tile reads 16 whole rows: bf16_gemm
- * copies a last block of fewer rows into 16 with zeros.
+ * products. K must be a multiple of 32, and each A tile reads 16 whole rows
+ * (BlockRows: from x in place, or from bf16_gemm's copies).
  *
  * Linux hands out the tile registers only to a process that asked for them
  * (arch_prctl ARCH_REQ_XCOMP_PERM): bf16_amx_enable asks, once, for the process. Each
@@ -81,9 +81,10 @@ static inline __attribute__((always_inline)) void panel_tiles(
     if (blocks == 2 && width == 2) _tile_zero(3);
     for (int64_t chunk = 0; chunk < k / 32; chunk++) {
         const uint32_t *b = w + chunk * 256;       /* 16 pairs x 16 words */
-        _tile_loadd(4, rows[0].x + chunk * 32, rows[0].stride * 2);
+        _tile_loadd(4, rows[0].x + chunk * rows[0].chunk_step, rows[0].stride * 2);
         _tile_loadd(6, b, 64);
-        if (blocks == 2) _tile_loadd(5, rows[1].x + chunk * 32, rows[1].stride * 2);
+        if (blocks == 2)
+            _tile_loadd(5, rows[1].x + chunk * rows[1].chunk_step, rows[1].stride * 2);
         if (width == 2) _tile_loadd(7, b + vector_words, 64);
         if (ahead) {         /* the same 2 KB of the next panel, into L2 */
             for (int line = 0; line < 256; line += 16) {

@@ -60,6 +60,7 @@ typedef struct {
     int amx;                 /* 1: AMX tiles (bf16_amx.c), panels of 2 vectors */
     const uint16_t *tail;    /* AMX, m not a multiple of 16: x's last m % 16 rows, then
                                 zero rows, 16 rows of k */
+    const uint16_t *tiles;   /* AMX: x as whole A tiles (tile_x), or NULL: x itself */
 } GemmJob;
 
 /* The first column of y that vector v fills: 16 v, or for a gated layout the gate's
@@ -150,8 +151,10 @@ static void amx_part(const GemmJob *job, int part) {
             for (int b = 0; b < 2; b++) {
                 const int64_t first = row + 16 * b;
                 const int whole = first + 16 <= job->m;
-                blocks[b].x = whole ? job->x + first * job->x_stride : job->tail;
-                blocks[b].stride = whole ? job->x_stride : job->k;
+                blocks[b].x = job->tiles ? job->tiles + first * job->k
+                              : whole ? job->x + first * job->x_stride : job->tail;
+                blocks[b].stride = job->tiles ? 32 : whole ? job->x_stride : job->k;
+                blocks[b].chunk_step = job->tiles ? 512 : 32;
             }
             bf16_amx_panel(blocks, rows > 16 ? 2 : 1, job->w + vector * vector_words,
                            vector_words, width, job->k, c, row == first_row ? next : NULL);
@@ -197,16 +200,44 @@ static void gemm_part(const void *arg, int part, int parts) {
     }
 }
 
-/* Runs the job on AMX tiles where they serve (K a multiple of 32; x's last m % 16
- * rows copied into a tile of 16 with zeros), else on AVX512-BF16. Returns 0, or 3
- * when that copy cannot be allocated. */
+/* x [m, k] (rows x_stride apart) as whole A tiles: tile (g, c), rows 16 g .. 16 g + 15
+ * and values 32 c .. 32 c + 31 of K, is 1 KB contiguous at (g * k / 32 + c) * 512,
+ * rows past m zero. NULL when out of memory. */
+static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k) {
+    const int64_t groups = (m + 15) / 16, chunks = k / 32;
+    uint16_t *tiles = malloc((size_t)(groups * 16 * k) * sizeof(uint16_t));
+    if (!tiles) return NULL;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t c = 0; c < chunks; c++) {
+            uint16_t *tile = tiles + (g * chunks + c) * 512;
+            for (int64_t r = 0; r < 16; r++) {
+                if (16 * g + r < m)
+                    memcpy(tile + r * 32, x + (16 * g + r) * x_stride + 32 * c, 64);
+                else
+                    memset(tile + r * 32, 0, 64);
+            }
+        }
+    return tiles;
+}
+
+/* Runs the job on AMX tiles where they serve (K a multiple of 32), else on
+ * AVX512-BF16. On the tiles, steps of 17 to AMX_ROW_BLOCK rows read x copied into
+ * whole A tiles (contiguous tile loads instead of 16 rows k apart; 60 weights of 576
+ * -> 3072 from memory, interleaved, two runs: 64 rows 8.2 / 7.1 -> 8.8 / 7.7 GB/s, 128
+ * rows 5.0 / 3.6 -> 5.5 / 4.1; larger steps would copy megabytes on one thread);
+ * other steps read x in place, a last block of fewer than 16 rows copied into a tile
+ * with zero rows. Returns 0, or 3 when a copy cannot be allocated. */
 static int run_gemm(GemmJob *job, int num_threads) {
     uint16_t *padded = NULL;
     job->amx = bf16_amx_on() && job->k % 32 == 0;
     if (job->amx) {
         job->panel = 2;
         const int64_t whole = job->m / 16 * 16, left = job->m - whole;
-        if (left) {
+        if (job->m > 16 && job->m <= AMX_ROW_BLOCK) {
+            padded = tile_x(job->x, job->x_stride, job->m, job->k);
+            if (!padded) return 3;
+            job->tiles = padded;
+        } else if (left) {
             padded = calloc((size_t)(16 * job->k), sizeof(uint16_t));
             if (!padded) return 3;
             for (int64_t r = 0; r < left; r++)
@@ -237,7 +268,7 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
     if (k % 2 || (gated_inter && (gated_inter % 16 || n != 2 * gated_inter))) return 1;
     if (m <= 0 || n <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16, gated_inter,
-                   0, PANEL, NULL, 0, NULL};
+                   0, PANEL, NULL, 0, NULL, NULL};
     return run_gemm(&job, num_threads);
 }
 
@@ -253,7 +284,7 @@ int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int6
     if (activation != ACTIVATION_SILU && activation != ACTIVATION_GELU_TANH) return 1;
     if (m <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter,
-                   activation, 2, NULL, 0, NULL};
+                   activation, 2, NULL, 0, NULL, NULL};
     return run_gemm(&job, num_threads);
 }
 

@@ -97,6 +97,7 @@ void bf16_amx_end(void);
 typedef struct {
     const uint16_t *x;       /* 16 rows of bf16 */
     int64_t stride;          /* elements from one row to the next */
+    int64_t chunk_step;      /* elements from one 32 values of K to the next */
 } BlockRows;
 void bf16_amx_panel(const BlockRows *rows, int blocks, const uint32_t *w,
                     int64_t vector_words, int width, int64_t k, float *c,
