@@ -58,8 +58,8 @@ typedef struct {
     int64_t panel;           /* vectors per panel: 3, or 2 (one gate/up pair) when fused */
     WorkRanges *panels;      /* panels (AMX: row blocks x panels), shared by the parts */
     int amx;                 /* 1: AMX tiles (bf16_amx.c), panels of 2 vectors */
-    const uint16_t *tail;    /* AMX, m not a multiple of 16: x's last m % 16 rows, then
-                                zero rows, 16 rows of k */
+    const uint16_t *tail;    /* AMX, m > AMX_ROW_BLOCK not a multiple of 16: x's last
+                                m % 16 rows, then zero rows, 16 rows of k */
     const uint16_t *tiles;   /* AMX: x as whole A tiles (tile_x), or NULL: x itself */
 } GemmJob;
 
@@ -78,6 +78,10 @@ static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __
     } else {
         _mm512_mask_storeu_ps((float *)job->y + row * job->y_stride + column, valid, value);
     }
+}
+
+static inline int64_t panel_count(const GemmJob *job) {
+    return (job->vectors + job->panel - 1) / job->panel;
 }
 
 /* act(gate) * up of one row into y (bf16), for the pair of vectors (gate j, up j)
@@ -131,8 +135,7 @@ static inline __attribute__((always_inline)) void tile(
  * 3.6 MB, past L2, 96 times for a 3,072-column product. */
 static void amx_part(const GemmJob *job, int part) {
     float c[32 * 32] __attribute__((aligned(64)));
-    const int64_t vector_words = job->k / 2 * 16;
-    const int64_t panels = (job->vectors + 1) / 2;
+    const int64_t vector_words = job->k / 2 * 16, panels = panel_count(job);
     int64_t item, limit;
     bf16_amx_begin();
     while ((item = work_ranges_take(job->panels, part, &limit)) >= 0) {
@@ -221,19 +224,19 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
 }
 
 /* Runs the job on AMX tiles where they serve (K a multiple of 32), else on
- * AVX512-BF16. On the tiles, steps of 17 to AMX_ROW_BLOCK rows read x copied into
- * whole A tiles (contiguous tile loads instead of 16 rows k apart; 60 weights of 576
- * -> 3072 from memory, interleaved, two runs: 64 rows 8.2 / 7.1 -> 8.8 / 7.7 GB/s, 128
- * rows 5.0 / 3.6 -> 5.5 / 4.1; larger steps would copy megabytes on one thread);
- * other steps read x in place, a last block of fewer than 16 rows copied into a tile
- * with zero rows. Returns 0, or 3 when a copy cannot be allocated. */
+ * AVX512-BF16. On the tiles, steps of up to AMX_ROW_BLOCK rows read x copied into
+ * whole A tiles, zero rows past m (contiguous tile loads instead of 16 rows k apart;
+ * 60 weights of 576 -> 3072 from memory, interleaved, two runs: 64 rows 8.2 / 7.1 ->
+ * 8.8 / 7.7 GB/s, 128 rows 5.0 / 3.6 -> 5.5 / 4.1); larger steps, whose copy would be
+ * megabytes on one thread, read x in place, their last block of fewer than 16 rows
+ * copied into a tile with zero rows. Returns 0, or 3 when a copy cannot be allocated. */
 static int run_gemm(GemmJob *job, int num_threads) {
     uint16_t *padded = NULL;
     job->amx = bf16_amx_on() && job->k % 32 == 0;
     if (job->amx) {
         job->panel = 2;
         const int64_t whole = job->m / 16 * 16, left = job->m - whole;
-        if (job->m > 16 && job->m <= AMX_ROW_BLOCK) {
+        if (job->m <= AMX_ROW_BLOCK) {
             padded = tile_x(job->x, job->x_stride, job->m, job->k);
             if (!padded) return 3;
             job->tiles = padded;
@@ -246,7 +249,7 @@ static int run_gemm(GemmJob *job, int num_threads) {
             job->tail = padded;
         }
     }
-    const int64_t panels = (job->vectors + job->panel - 1) / job->panel;
+    const int64_t panels = panel_count(job);
     const int64_t items = job->amx ? panels * ((job->m + AMX_ROW_BLOCK - 1) / AMX_ROW_BLOCK)
                                    : panels;
     const int parts = num_threads < 1 ? 1 : num_threads > items ? (int)items : num_threads;

@@ -55,9 +55,11 @@ class NativeKernels:
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
         self.has_bf16_gemm = bool(library.bf16_gemm_available())
-        self.amx = self.has_bf16_gemm and self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
+        self.amx = False
         """Whether bf16_gemm multiplies on AMX tiles (bf16_amx.c; KVSERVE_AMX=0 keeps
-        the AVX512-BF16 loop)."""
+        the AVX512-BF16 loop); set by use_amx."""
+        if self.has_bf16_gemm:
+            self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
         self.block_lanes = int(library.block_gemm_lanes())
         """16 (AVX-512), 8 (AVX2) or 1: the vectors of the block kernels (block_gemm.c)."""
         entry_points = openmp_entry_points()
