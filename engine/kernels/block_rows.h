@@ -9,13 +9,14 @@
  * bytes with a scale per 16 weights. Scales and minima arrive as fp32 arrays [N, K/32]
  * ([N, K/16] for halves).
  *
- * Per block the kernel forms d * (q . x) + m * sum(x) (AVX2 builds' Q4_1: the
- * dequantized weights d q + m, formed once per block for all rows, dotted with x),
- * the same value as the dot product with the dequantized weights up to rounding. Each
- * block is unpacked once for up to ROW_TILE rows of x (a tile), and a tile meets a
- * chunk of columns one after another (q4_columns).
- * AVX-512 vectors of 16 lanes, else AVX2 (with FMA) of 8, else a portable loop doing
- * the same arithmetic.
+ * Per block the kernel forms d * (q . x) + m * sum(x) (the portable loop, and
+ * AVX-512 steps of one row), or dots x with the dequantized weights d q + m, formed
+ * once per block for all rows (AVX2 builds' Q4_1; AVX-512 steps of several rows, whose
+ * q8 weights are d q too): the same value up to rounding. Each block is unpacked once
+ * for up to ROW_TILE rows of x (a tile), and a tile meets a chunk of columns one after
+ * another (q4_columns).
+ * AVX-512 vectors of 16 lanes (block_rows_avx512.h), else AVX2 (with FMA) of 8, else
+ * a portable loop.
  */
 #ifndef KVSERVE_BLOCK_ROWS_H
 #define KVSERVE_BLOCK_ROWS_H
@@ -33,6 +34,10 @@
 
 #define ROW_TILE 8   /* activation rows sharing one pass over a weight row */
 #define COLUMN_CHUNK 32   /* columns per work item: a late thread's share is taken over */
+
+#ifdef __AVX512F__
+#include "block_rows_avx512.h"
+#endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 /* AVX2 builds: eight lanes, a block as four vectors of eight weights in block order:
@@ -65,50 +70,13 @@ static inline __m256 q8_weights(__m256i codes, int t) {
 #define BLOCK_ORDER 0
 #endif
 
-/* sum over blocks of m[b] * sum(x's block b): the minima's share of a Q4_1 row's dot
- * product. AVX-512: 16 blocks per FMA (a scalar loop was a chain of one FMA per block
- * per column, as long as the column's own). */
-static inline float minima_part(const float *m, const float *block_sums, int64_t blocks) {
-#ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b += 16) {
-        const __mmask16 valid = blocks - b >= 16 ? (__mmask16)0xFFFF
-                                                 : (__mmask16)((1u << (blocks - b)) - 1u);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(valid, m + b),
-                              _mm512_maskz_loadu_ps(valid, block_sums + b), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-#else
-    float total = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) total += m[b] * block_sums[b];
-    return total;
-#endif
-}
-
 /* y[r * n] (r < rows <= ROW_TILE) = sum over the row's blocks of
  * d * (q . x_r) + m * sum(x_r): each block is unpacked once for all rows. */
 static inline __attribute__((always_inline)) void q4_rows_impl(
         const uint8_t *q, const float *d, const float *m, const float *x, const float *xsum,
         int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n) {
 #ifdef __AVX512F__
-    __m512 acc[ROW_TILE];
-    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    const __m128i low_mask = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < blocks; b++) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(q + b * 16));
-        __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low_mask)));
-        __m512 high = _mm512_cvtepi32_ps(
-            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask)));
-        __m512 scale = _mm512_set1_ps(d[b]);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xb = x + r * k + b * BLOCK;
-            __m512 block = _mm512_mul_ps(low, _mm512_loadu_ps(xb));
-            block = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), block);
-            acc[r] = _mm512_fmadd_ps(block, scale, acc[r]);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++)
-        y[r * n] = _mm512_reduce_add_ps(acc[r]) + minima_part(m, xsum + r * blocks, blocks);
+    q4_rows_avx512(q, d, m, x, xsum, blocks, k, rows, y, n);
 #elif defined(__AVX2__) && defined(__FMA__)
     /* Each block is dequantized once for all rows, w = d q + m (an FMA per 8 weights),
      * so a row costs four FMAs per block and no pass over the minima: AVX2 has half
@@ -160,34 +128,7 @@ static inline __attribute__((always_inline)) void q8_rows_impl(
         const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
         int64_t rows, float *y, int64_t n, int halves) {
 #ifdef __AVX512F__
-    __m512 acc[ROW_TILE];
-    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) {
-        __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(q + b * BLOCK))));
-        __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(q + b * BLOCK + 16))));
-        if (halves) {
-            const __m512 first_scale = _mm512_set1_ps(d[2 * b]);
-            const __m512 second_scale = _mm512_set1_ps(d[2 * b + 1]);
-            for (int64_t r = 0; r < rows; r++) {
-                const float *xb = x + r * k + b * BLOCK;
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(first, _mm512_loadu_ps(xb)),
-                                         first_scale, acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, _mm512_loadu_ps(xb + 16)),
-                                         second_scale, acc[r]);
-            }
-            continue;
-        }
-        __m512 scale = _mm512_set1_ps(d[b]);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xb = x + r * k + b * BLOCK;
-            __m512 block = _mm512_mul_ps(first, _mm512_loadu_ps(xb));
-            block = _mm512_fmadd_ps(second, _mm512_loadu_ps(xb + 16), block);
-            acc[r] = _mm512_fmadd_ps(block, scale, acc[r]);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++) y[r * n] = _mm512_reduce_add_ps(acc[r]);
+    q8_rows_avx512(q, d, x, blocks, k, rows, y, n, halves);
 #elif defined(__AVX2__) && defined(__FMA__)
     /* In block order lanes 0-3 hold elements 0..15 and lanes 4-7 16..31, so halves'
      * two scales form one vector. */
@@ -253,23 +194,34 @@ static __attribute__((noinline, unused)) void q8_rows(
 }
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define Q4_USES_BLOCK_SUMS 0    /* AVX2: the minima are in the dequantized weights */
+#define Q4_SUMS_ROWS 0          /* AVX2: the minima are in the dequantized weights */
 #define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
 #define PANEL_MIN_ROWS 32       /* bench.blocks: panels even at 32 rows, ahead from 48 */
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
+#elif defined(__AVX512F__)
+#define Q4_SUMS_ROWS 1          /* AVX-512: only tiles of one row read block sums */
+#define PANEL_KERNELS 0
 #else
-#define Q4_USES_BLOCK_SUMS 1
+#define Q4_SUMS_ROWS ROW_TILE   /* the portable loop: every tile */
 #define PANEL_KERNELS 0
 #endif
 
+/* Whether a step of `rows` rows has a tile whose q4 kernel reads block sums: one of
+ * at most Q4_SUMS_ROWS rows (the tiles: ROW_TILE rows each, then the rest). */
+static inline int q4_reads_block_sums(int64_t rows) {
+    return Q4_SUMS_ROWS >= ROW_TILE || (Q4_SUMS_ROWS > 0 && rows % ROW_TILE > 0
+                                        && rows % ROW_TILE <= Q4_SUMS_ROWS);
+}
+
 /* *sums <- per-block sums of x [rows, k/32], the minima's factor in q4_rows_impl, or
- * NULL where this build's kernel does not read them. Returns 1 when out of memory. */
+ * NULL where this build's kernel does not read them for this step. Returns 1 when out
+ * of memory. */
 static inline int block_sums(const float *x, int64_t rows, int64_t k, float **sums) {
     const int64_t blocks = k / BLOCK;
     *sums = NULL;
-    if (!Q4_USES_BLOCK_SUMS) return 0;
+    if (!q4_reads_block_sums(rows)) return 0;
     float *out = malloc(sizeof(float) * rows * blocks);
     if (!out) return 1;
     for (int64_t r = 0; r < rows; r++)

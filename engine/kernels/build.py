@@ -41,7 +41,8 @@ SOURCES = [Path(__file__).with_name(name)
                         "decode_layer.c", "decoder_stack.c", "worker_pool.c",
                         "bf16_amx.c")]
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h")]
+           for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
+                        "block_rows_avx512.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}
 
