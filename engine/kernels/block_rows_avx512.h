@@ -103,6 +103,26 @@ static inline float q8_one_row(const int8_t *q, const float *d, const float *x,
     return _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
 }
 
+/* One block's dequantized weights (first and second 16) against `rows` rows of x
+ * (xb: the block's place in row 0, rows k apart), into each row's two accumulators. */
+static inline __attribute__((always_inline)) void accumulate_rows(
+        __m512 first, __m512 second, const float *xb, int64_t k, int64_t rows,
+        __m512 *first_acc, __m512 *second_acc) {
+    for (int64_t r = 0; r < rows; r++) {
+        first_acc[r] = _mm512_fmadd_ps(first, _mm512_loadu_ps(xb + r * k), first_acc[r]);
+        second_acc[r] = _mm512_fmadd_ps(second, _mm512_loadu_ps(xb + r * k + 16),
+                                        second_acc[r]);
+    }
+}
+
+/* y[r * n] = the sum of row r's two accumulators. */
+static inline __attribute__((always_inline)) void store_rows(
+        const __m512 *first_acc, const __m512 *second_acc, int64_t rows, float *y,
+        int64_t n) {
+    for (int64_t r = 0; r < rows; r++)
+        y[r * n] = _mm512_reduce_add_ps(_mm512_add_ps(first_acc[r], second_acc[r]));
+}
+
 /* y[r * n] (r < rows) = the dot product of x's row r with a q4 weight row. */
 static inline __attribute__((always_inline)) void q4_rows_avx512(
         const uint8_t *q, const float *d, const float *m, const float *x, const float *xsum,
@@ -118,16 +138,11 @@ static inline __attribute__((always_inline)) void q4_rows_avx512(
         const __m512i lanes = q4_block_lanes(q + b * 16);
         const __m512 table = _mm512_add_ps(_mm512_mul_ps(values, _mm512_set1_ps(d[b])),
                                            _mm512_set1_ps(m[b]));
-        const __m512 low = _mm512_permutexvar_ps(lanes, table);
-        const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(lanes, 4), table);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xb = x + r * k + b * BLOCK;
-            low_acc[r] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xb), low_acc[r]);
-            high_acc[r] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), high_acc[r]);
-        }
+        accumulate_rows(_mm512_permutexvar_ps(lanes, table),
+                        _mm512_permutexvar_ps(_mm512_srli_epi32(lanes, 4), table),
+                        x + b * BLOCK, k, rows, low_acc, high_acc);
     }
-    for (int64_t r = 0; r < rows; r++)
-        y[r * n] = _mm512_reduce_add_ps(_mm512_add_ps(low_acc[r], high_acc[r]));
+    store_rows(low_acc, high_acc, rows, y, n);
 }
 
 /* y[r * n] (r < rows) for a q8 weight row (halves: a scale per 16 weights). */
@@ -145,14 +160,9 @@ static inline __attribute__((always_inline)) void q8_rows_avx512(
         const __m512 first = _mm512_mul_ps(q8_values(q + b * BLOCK), _mm512_set1_ps(scales[0]));
         const __m512 second = _mm512_mul_ps(q8_values(q + b * BLOCK + 16),
                                             _mm512_set1_ps(scales[halves ? 1 : 0]));
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xb = x + r * k + b * BLOCK;
-            first_acc[r] = _mm512_fmadd_ps(first, _mm512_loadu_ps(xb), first_acc[r]);
-            second_acc[r] = _mm512_fmadd_ps(second, _mm512_loadu_ps(xb + 16), second_acc[r]);
-        }
+        accumulate_rows(first, second, x + b * BLOCK, k, rows, first_acc, second_acc);
     }
-    for (int64_t r = 0; r < rows; r++)
-        y[r * n] = _mm512_reduce_add_ps(_mm512_add_ps(first_acc[r], second_acc[r]));
+    store_rows(first_acc, second_acc, rows, y, n);
 }
 
 #endif
