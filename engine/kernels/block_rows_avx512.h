@@ -75,6 +75,11 @@ static inline float q4_one_row(const uint8_t *q, const float *d, const float *m,
     __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 1 < blocks; b += 2) {
+        prefetch_line(q + (b + Q4_PREFETCH_BLOCKS) * 16);
+        if (b % 8 == 0) {
+            prefetch_line(d + b + Q4_PREFETCH_BLOCKS);
+            prefetch_line(m + b + Q4_PREFETCH_BLOCKS);
+        }
         const __m512 first = q4_block_dot(q + b * 16, x + b * BLOCK, values);
         const __m512 second = q4_block_dot(q + b * 16 + 16, x + b * BLOCK + BLOCK, values);
         even = _mm512_fmadd_ps(first, _mm512_set1_ps(d[b]), even);
@@ -92,6 +97,8 @@ static inline float q8_one_row(const int8_t *q, const float *d, const float *x,
     __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 1 < blocks; b += 2) {
+        prefetch_line(q + (b + Q8_PREFETCH_BLOCKS) * BLOCK);
+        if (b % 8 == 0) prefetch_line(d + b + Q8_PREFETCH_BLOCKS);
         even = _mm512_fmadd_ps(q8_block_dot(q + b * BLOCK, x + b * BLOCK),
                                _mm512_set1_ps(d[b]), even);
         odd = _mm512_fmadd_ps(q8_block_dot(q + b * BLOCK + BLOCK, x + b * BLOCK + BLOCK),
