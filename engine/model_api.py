@@ -192,7 +192,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
 
     `block_kernels`: for a GGUF model in float32 (or bf16-weights) on CPU, decode steps multiply
     straight from the file's own blocks (Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: the same
-    weights in a fifth of the bytes or fewer, fp32 arithmetic; see
+    weights in a fifth of the bytes or fewer; Q5_1, Q5_K in a third; fp32 arithmetic; see
     models/block_weights.py); False keeps dense matmuls
     everywhere (bit-level parity with transformers' fp32 matmuls).
 

@@ -48,41 +48,46 @@ static void q4_part(const void *arg, int part, int parts) {
 static void q8_part(const void *arg, int part, int parts) {
     const GemmJob *job = arg;
     const int64_t k = job->k, n = job->n, rows = job->rows;
+    const int64_t blocks = k / BLOCK;
     const int8_t *q = job->q;
     (void)parts;
     int64_t first, last;
     while (take_columns(job->items, part, n, &first, &last)) {
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE)
-            q8_columns(q, job->d, job->x + r0 * k, k, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE,
-                       first, last, job->y + r0 * job->ldy + first, job->ldy, job->halves);
+            q8_columns(q, job->d, job->m, job->x + r0 * k, sums_from(job->xsum, r0, blocks),
+                       k, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, first, last,
+                       job->y + r0 * job->ldy + first, job->ldy, job->halves);
     }
 }
 
 /* y[r * ldy + c] for c < n: x @ W^T for W of `kind` (BLOCKS_Q4, BLOCKS_Q8,
- * BLOCKS_Q8_HALVES; kernels.h). 1 for K not a multiple of 32 or an unknown kind, 2
- * when out of memory. */
+ * BLOCKS_Q8_HALVES, BLOCKS_Q5; kernels.h; m: the minima of Q4 and Q5, else unread). 1
+ * for K not a multiple of 32 or an unknown kind, 2 when out of memory. */
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads) {
-    if (k % BLOCK || ldy < n
-        || (kind != BLOCKS_Q4 && kind != BLOCKS_Q8 && kind != BLOCKS_Q8_HALVES)) return 1;
+    if (k % BLOCK || ldy < n || (kind != BLOCKS_Q4 && kind != BLOCKS_Q8
+                                 && kind != BLOCKS_Q8_HALVES && kind != BLOCKS_Q5)) return 1;
     if (rows <= 0 || n <= 0) return 0;
 #if PANEL_KERNELS
-    if (rows >= PANEL_MIN_ROWS) {
+    if (rows >= PANEL_MIN_ROWS && kind != BLOCKS_Q5) {    /* q5: row tiles at any size */
         block_panel_gemm(kind, x, rows, k, q, d, m, n, y, ldy, num_threads);
         return 0;
     }
 #endif
     float *ordered, *xsum = NULL;
     if (block_order(x, rows, k, &ordered)) return 2;
-    if (kind == BLOCKS_Q4 && block_sums(x, rows, k, &xsum)) {
+    const int sums_needed = kind == BLOCKS_Q5
+                            || (kind == BLOCKS_Q4 && q4_reads_block_sums(rows));
+    if (block_sums(x, rows, k, sums_needed, &xsum)) {
         free(ordered);
         return 2;
     }
     WorkRanges items;
     work_ranges_init(&items, (n + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
-    GemmJob job = {ordered ? ordered : x, d, m, xsum, q, rows, k, n, y, ldy,
-                   kind == BLOCKS_Q8_HALVES, &items};
+    GemmJob job = {ordered ? ordered : x, d,
+                   kind == BLOCKS_Q4 || kind == BLOCKS_Q5 ? m : NULL, xsum, q, rows, k, n, y,
+                   ldy, kind == BLOCKS_Q8_HALVES, &items};
     run_parallel(kind == BLOCKS_Q4 ? q4_part : q8_part, &job, num_threads);
     free(xsum);
     free(ordered);

@@ -6,8 +6,10 @@
  * j+16 in its high one, with a scale d and a minimum m per block: w = d * q + m. q8
  * (GGUF Q8_0, and Q5_0 converted to it): 32 signed bytes and a scale d per block:
  * w = d * q. q8 in halves (GGUF Q6_K converted: its scales cover 16 weights): the same
- * bytes with a scale per 16 weights. Scales and minima arrive as fp32 arrays [N, K/32]
- * ([N, K/16] for halves).
+ * bytes with a scale per 16 weights. q5 (GGUF Q5_1, and Q5_K converted to it): codes
+ * 0..31 a byte each, as q8's, with a scale and a minimum per block: w = d * q + m, the
+ * q8 kernel's sum plus m * sum(x) per block (q8_columns). Scales and minima arrive as
+ * fp32 arrays [N, K/32] ([N, K/16] for halves).
  *
  * Per block the kernel forms d * (q . x) + m * sum(x) (the portable loop, and
  * AVX-512 steps of one row), or dots x with the dequantized weights d q + m, formed
@@ -240,13 +242,14 @@ static inline int q4_reads_block_sums(int64_t rows) {
                                         && rows % ROW_TILE <= Q4_SUMS_ROWS);
 }
 
-/* *sums <- per-block sums of x [rows, k/32], the minima's factor in q4_rows_impl, or
- * NULL where this build's kernel does not read them for this step. Returns 1 when out
- * of memory. */
-static inline int block_sums(const float *x, int64_t rows, int64_t k, float **sums) {
+/* *sums <- per-block sums of x [rows, k/32], the minima's factor (q4_rows_impl, q5 in
+ * q8_columns), or NULL where the step's kernels do not read them (`needed` 0). Returns
+ * 1 when out of memory. */
+static inline int block_sums(const float *x, int64_t rows, int64_t k, int needed,
+                             float **sums) {
     const int64_t blocks = k / BLOCK;
     *sums = NULL;
-    if (!q4_reads_block_sums(rows)) return 0;
+    if (!needed) return 0;
     float *out = malloc(sizeof(float) * rows * blocks);
     if (!out) return 1;
     for (int64_t r = 0; r < rows; r++)
@@ -307,14 +310,31 @@ static inline void q4_columns(const uint8_t *q, const float *d, const float *m,
                 tile, y + col - first, ldy);
 }
 
-/* The same for a q8 weight (halves: a scale per 16 weights). */
-static inline void q8_columns(const int8_t *q, const float *d, const float *x, int64_t k,
-                              int64_t tile, int64_t first, int64_t last, float *y,
-                              int64_t ldy, int halves) {
+/* sum over blocks of m[b] * sums[b]: a q5 row's minima against one row's block sums. */
+static inline float minima_dot(const float *m, const float *sums, int64_t blocks) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps(add_minima(_mm512_setzero_ps(), m, sums, blocks));
+#else
+    float total = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) total += m[b] * sums[b];
+    return total;
+#endif
+}
+
+/* The same for a q8 weight (halves: a scale per 16 weights), or a q5 one: m its
+ * minima and xsum the tile's block sums (else both NULL). */
+static inline void q8_columns(const int8_t *q, const float *d, const float *m,
+                              const float *x, const float *xsum, int64_t k, int64_t tile,
+                              int64_t first, int64_t last, float *y, int64_t ldy,
+                              int halves) {
     const int64_t blocks = k / BLOCK, scales = halves ? 2 * blocks : blocks;
-    for (int64_t col = first; col < last; col++)
-        q8_rows(q + col * k, d + col * scales, x, blocks, k, tile, y + col - first, ldy,
-                halves);
+    for (int64_t col = first; col < last; col++) {
+        float *out = y + col - first;
+        q8_rows(q + col * k, d + col * scales, x, blocks, k, tile, out, ldy, halves);
+        if (m)
+            for (int64_t r = 0; r < tile; r++)
+                out[r * ldy] += minima_dot(m + col * blocks, xsum + r * blocks, blocks);
+    }
 }
 
 #endif

@@ -9,6 +9,7 @@
 #define BLOCKS_Q4 1
 #define BLOCKS_Q8 2
 #define BLOCKS_Q8_HALVES 3
+#define BLOCKS_Q5 4        /* codes 0..31 a byte each, a scale and a minimum per 32 */
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads);

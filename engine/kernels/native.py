@@ -31,10 +31,11 @@ SIGNATURES = {
 }
 
 
-BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3}
+BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3, "Q5_1": 4}
 """block_gemm's weight kinds (kernels.h's BLOCKS_*): Q4_1 4-bit codes with a scale and
 a minimum per 32 weights; Q8_0 int8 codes with a scale per 32; Q8_16 int8 codes with a
-scale per 16 (GGUF's Q6_K converted, models/block_formats.py)."""
+scale per 16 (GGUF's Q6_K converted, models/block_formats.py); Q5_1 codes 0..31 a byte
+each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K)."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
@@ -69,8 +70,9 @@ class NativeKernels:
     def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
              minima: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, K] fp32 contiguous; kind "Q4_1" (codes [N, K/2] uint8, scales and
-        minima [N, K/32] fp32), "Q8_0" (codes [N, K] int8, scales [N, K/32]) or "Q8_16"
-        (codes [N, K] int8, scales [N, K/16]) -> y [rows, N], written into `out` when
+        minima [N, K/32] fp32), "Q5_1" (codes [N, K] int8, scales and minima [N, K/32]),
+        "Q8_0" (codes [N, K] int8, scales [N, K/32]) or "Q8_16" (codes [N, K] int8,
+        scales [N, K/16]) -> y [rows, N], written into `out` when
         given (fp32 [rows, N] with unit column stride, e.g. a column slice of a wider
         output). Called ~120 times per decode step: kept to the bare calls."""
         rows, in_features = x.shape

@@ -1,9 +1,10 @@
-"""GGUF weight blocks read into the three forms the block kernels multiply.
+"""GGUF weight blocks read into the four forms the block kernels multiply.
 
-The kernels (engine/kernels/block_gemm.c) know three forms, each a weight row of K
+The kernels (engine/kernels/block_gemm.c) know four forms, each a weight row of K
 values as codes and fp32 scales:
 
     Q4_1   4-bit codes q in 0..15, a scale d and a minimum m per 32:  w = d * q + m
+    Q5_1   codes q in 0..31, a byte each, d and m per 32:            w = d * q + m
     Q8_0   int8 codes q, a scale d per 32:                           w = d * q
     Q8_16  int8 codes q, a scale d per 16:                           w = d * q
 
@@ -13,10 +14,13 @@ Every GGUF type read here converts to one of them without changing a single weig
     Q4_0       18 / 32          d; 4-bit q:         w = d (q - 8)     Q4_1, m = -8 d
     Q4_1       20 / 32          d, m; 4-bit q:      w = d q + m       Q4_1
     Q5_0       22 / 32          d; 5-bit q:         w = d (q - 16)    Q8_0, codes q - 16
+    Q5_1       24 / 32          d, m; 5-bit q:      w = d q + m       Q5_1
     Q8_0       34 / 32          d; int8 q:          w = d q           Q8_0
     Q4_K       144 / 256        d, dmin; 6-bit sc, mn per 32; 4-bit q:
                                 w = (d sc) q - (dmin mn)             Q4_1, per 32:
                                                                      d sc and -dmin mn
+    Q5_K       176 / 256        as Q4_K, 5-bit q:
+                                w = (d sc) q - (dmin mn)             Q5_1, per 32 as Q4_K
     Q6_K       210 / 256        d; int8 sc per 16; 6-bit q:
                                 w = (d sc) (q - 32)                  Q8_16, codes q - 32
 
@@ -30,7 +34,10 @@ the low nibble of byte j and element j + 16 in its high nibble. Q4_K's 128 code
 bytes hold four 64-weight chunks: byte 32 c + i carries element 64 c + i in its low
 nibble and element 64 c + 32 + i in its high one. So element 40 of a Q4_K block
 (c = 0, high nibble of byte 8) is element 8 of 32-block 1, and lands in the low nibble
-of that block's byte 8 in the Q4_1 form.
+of that block's byte 8 in the Q4_1 form. Q5_K's 128 code bytes are laid out as
+Q4_K's, and the fifth bit of element 64 c + 32 h + i is bit 2 c + h of its byte 32 + i
+(of the 32 bytes before the codes); Q5_1 and Q5_0 keep bit j of their 32-bit word for
+element j.
 """
 
 from __future__ import annotations
@@ -41,19 +48,20 @@ import torch
 
 BLOCK = 32
 SUPER_BLOCK = 256
-BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
+                   "Q5_K": 176, "Q6_K": 210}
 """Bytes per block of each GGUF type read here (256 weights for the K types, else 32)."""
-FORM_OF = {"Q4_0": "Q4_1", "Q4_1": "Q4_1", "Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
-           "Q6_K": "Q8_16"}
+FORM_OF = {"Q4_0": "Q4_1", "Q4_1": "Q4_1", "Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q5_1": "Q5_1",
+           "Q5_K": "Q5_1", "Q8_0": "Q8_0", "Q6_K": "Q8_16"}
 """The kernel form each GGUF type is read into."""
 
 
 @dataclass
 class Blocks:
-    kind: str                  # the kernel form: "Q4_1", "Q8_0" or "Q8_16"
-    codes: torch.Tensor        # Q4_1: [N, K/2] uint8 nibbles; Q8_0, Q8_16: [N, K] int8
+    kind: str                  # the kernel form: "Q4_1", "Q5_1", "Q8_0" or "Q8_16"
+    codes: torch.Tensor        # Q4_1: [N, K/2] uint8 nibbles; Q5_1 (0..31), Q8_0, Q8_16: [N, K] int8
     scales: torch.Tensor       # [N, K/32] fp32 ([N, K/16] for Q8_16)
-    minima: torch.Tensor | None  # Q4_1: [N, K/32] fp32
+    minima: torch.Tensor | None  # Q4_1, Q5_1: [N, K/32] fp32
 
     def rows(self, index: torch.Tensor) -> "Blocks":
         return Blocks(self.kind, self.codes[index], self.scales[index],
@@ -62,6 +70,9 @@ class Blocks:
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
         n = self.codes.shape[0]
+        if self.kind == "Q5_1":
+            codes = self.codes.view(n, -1, BLOCK).float()
+            return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
         if self.kind != "Q4_1":
             group = 16 if self.kind == "Q8_16" else BLOCK
             codes = self.codes.view(n, -1, group).float()
@@ -89,18 +100,54 @@ def _nibbles_as_q4_1(codes: torch.Tensor) -> torch.Tensor:
     return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, -1)
 
 
-def _q4_k(raw: torch.Tensor) -> Blocks:
+def _k_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's per-32 scales d * sc and minima -(dmin * mn), fp32 [N, S * 8],
+    from the first 16 bytes of each 256-weight block [N, S, bytes]."""
     n, supers = raw.shape[0], raw.shape[1]
     d, dmin = _fp16_field(raw, 0, 2), _fp16_field(raw, 2, 4)            # [N, S]
     packed = raw[..., 4:16].view(n, supers, 3, 4).to(torch.int32)
     low, mid, high = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
     sub_scales = torch.cat([low & 63, (high & 15) | ((low >> 6) << 4)], dim=-1)  # [N, S, 8]
     sub_minima = torch.cat([mid & 63, (high >> 4) | ((mid >> 6) << 4)], dim=-1)
-    chunks = raw[..., 16:].reshape(n, supers, 4, 1, 32)              # 4 chunks of 32 bytes
-    codes = torch.cat([chunks & 0x0F, chunks >> 4], dim=3)           # [N, S, 4, 2, 32]
     scales = (d[..., None] * sub_scales.float()).reshape(n, -1)
     minima = -(dmin[..., None] * sub_minima.float()).reshape(n, -1)
+    return scales, minima
+
+
+def _k_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """128 code bytes per 256 weights [N, S, 128] -> 4-bit codes [N, S, 4, 2, 32]
+    (chunk c, low then high nibbles, byte i): element 64 c + 32 h + i."""
+    n, supers = codes.shape[0], codes.shape[1]
+    chunks = codes.reshape(n, supers, 4, 1, 32)
+    return torch.cat([chunks & 0x0F, chunks >> 4], dim=3)
+
+
+def _q4_k(raw: torch.Tensor) -> Blocks:
+    n = raw.shape[0]
+    scales, minima = _k_scales(raw)
+    codes = _k_nibbles(raw[..., 16:])                                    # [N, S, 4, 2, 32]
     return Blocks("Q4_1", _nibbles_as_q4_1(codes.reshape(n, -1)), scales, minima)
+
+
+def _q5_k(raw: torch.Tensor) -> Blocks:
+    n = raw.shape[0]
+    scales, minima = _k_scales(raw)
+    high = raw[..., 16:48][:, :, None, None, :]                          # [N, S, 1, 1, 32]
+    shifts = torch.arange(8, dtype=torch.uint8).view(4, 2, 1)          # bit 2 c + h
+    codes = _k_nibbles(raw[..., 48:]) | (((high >> shifts) & 1) << 4)
+    return Blocks("Q5_1", codes.reshape(n, -1).to(torch.int8), scales, minima)
+
+
+def _fifth_bits(raw: torch.Tensor, start: int) -> torch.Tensor:
+    """Q5_0's and Q5_1's fifth bits: bytes [start, start + 4) of each block, a 32-bit
+    word whose bit j belongs to element j, as [N, B, 32] uint8 shifted to bit 4."""
+    words = raw[..., start:start + 4].contiguous().view(torch.int32)        # [N, B, 1]
+    return (((words >> torch.arange(32, dtype=torch.int32)) & 1) << 4).to(torch.uint8)
+
+
+def _nibble_pairs(nibbles: torch.Tensor) -> torch.Tensor:
+    """16 bytes per 32-block [N, B, 16] -> codes [N, B, 32]: low nibbles, then high."""
+    return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
 
 
 def _q6_k(raw: torch.Tensor) -> Blocks:
@@ -117,12 +164,14 @@ def _q6_k(raw: torch.Tensor) -> Blocks:
 
 def _q5_0(raw: torch.Tensor) -> Blocks:
     n = raw.shape[0]
-    high_bits = raw[..., 2:6].contiguous().view(torch.int32)          # [N, B, 1]
-    fifth = ((high_bits >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
-    nibbles = raw[..., 6:]
-    low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)          # [N, B, 32]
-    codes = (low | (fifth << 4)).to(torch.int8) - 16
+    codes = (_nibble_pairs(raw[..., 6:]) | _fifth_bits(raw, 2)).to(torch.int8) - 16
     return Blocks("Q8_0", codes.reshape(n, -1), _fp16_field(raw, 0, 2), None)
+
+
+def _q5_1(raw: torch.Tensor) -> Blocks:
+    n = raw.shape[0]
+    codes = (_nibble_pairs(raw[..., 8:]) | _fifth_bits(raw, 4)).to(torch.int8)
+    return Blocks("Q5_1", codes.reshape(n, -1), _fp16_field(raw, 0, 2), _fp16_field(raw, 2, 4))
 
 
 def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
@@ -132,6 +181,10 @@ def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
     blocks = raw.reshape(n, -1, BYTES_PER_BLOCK[kind])
     if kind == "Q4_K":
         return _q4_k(blocks)
+    if kind == "Q5_K":
+        return _q5_k(blocks)
+    if kind == "Q5_1":
+        return _q5_1(blocks)
     if kind == "Q6_K":
         return _q6_k(blocks)
     if kind == "Q5_0":

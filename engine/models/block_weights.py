@@ -1,9 +1,10 @@
 """Decode on a GGUF model's own weight blocks: fewer bytes per token, fp32 arithmetic.
 
 A GGUF file stores most weights in blocks: Q4_1 (4-bit codes with a scale and a
-minimum per 32 weights), Q8_0 (8-bit codes with a scale), and the types
+minimum per 32 weights), Q8_0 (8-bit codes with a scale), Q5_1 (5-bit codes with a
+scale and a minimum, a byte per code in the kernels' form), and the types
 block_formats.py converts to those forms without changing a weight (Q4_0, Q5_0, Q4_K,
-Q6_K: what a Q4_K_M file holds). The engine's dense fp32 weights are exactly those
+Q6_K: what a Q4_K_M file holds; Q5_K, of Q5_K_M files). The engine's dense fp32 weights are exactly those
 blocks dequantized, so the blocks carry the same numbers in 5 to 10 bits per weight
 instead of 32. Decode steps (a few rows) are bound by reading the
 weights, so for them BlockLinear multiplies straight from the blocks
@@ -86,6 +87,8 @@ class BlockLinear(nn.Module):
         """The blocks in row order, one entry per kernel form (the buffers, when one)."""
         self.kernels = kernels
         self.max_rows = kernel_rows(kernels)
+        if any(part.kind == "Q5_1" for part in parts):    # no AVX2 panels for this form
+            self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
         """Steps of more rows use the dense weight."""
         self.packed = None
         """The dense weight packed for oneDNN (pack_dense), which then replaces `weight`."""

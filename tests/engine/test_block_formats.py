@@ -1,8 +1,8 @@
-"""GGUF's Q4_0, Q5_0, Q4_K and Q6_K blocks (what Q4_K_M files hold) read into the block
-kernels' forms: their weights equal gguf-py's dequantized values bit for bit, every
-form's kernel equals the dense matmul, fused projections whose parts differ in form
-write their own columns, and the real Gemma 3 270M Q4_K_M file decodes from its own
-blocks with the dense path's greedy tokens."""
+"""GGUF's Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks (what Q4_K_M and Q5_K_M files
+hold) read into the block kernels' forms: their weights equal gguf-py's dequantized
+values bit for bit, every form's kernel equals the dense matmul, fused projections
+whose parts differ in form write their own columns, and the real Gemma 3 270M Q4_K_M
+file decodes from its own blocks with the dense path's greedy tokens."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from engine.kernels import load_native_kernels
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
 from engine.models.block_weights import BlockLinear
 
-FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2],
-               "Q6_K": [208]}
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+               "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 """Byte offsets of each type's fp16 scales within a block (the rest are codes)."""
 
 
@@ -30,7 +30,7 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
     per_block = 256 if kind.endswith("_K") else 32
     raw = rng.integers(0, 256, (rows, cols // per_block, BYTES_PER_BLOCK[kind]), dtype=np.uint8)
     for offset in FP16_FIELDS[kind]:
-        sign = -1.0 if (kind, offset) == ("Q4_1", 2) else 1.0
+        sign = -1.0 if (kind, offset) in (("Q4_1", 2), ("Q5_1", 2)) else 1.0
         values = sign * (rng.random((rows, cols // per_block, 1)) * 0.02 + 1e-3)
         raw[..., offset:offset + 2] = values.astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
@@ -92,13 +92,14 @@ def test_steps_of_many_rows_multiply_like_the_dense_weight(kernels, kind, rows, 
     assert (wide[:, :5] == 7).all() and (wide[:, 45:] == 7).all()
 
 
-def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(kernels):
-    """A Q4_K_M qkv: q and k in Q4_K (the Q4_1 form), v in Q6_K (Q8_16)."""
+@pytest.mark.parametrize("qk_kind", ["Q4_K", "Q5_K"])
+def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(kernels, qk_kind):
+    """A Q4_K_M (Q5_K_M) qkv: q and k in Q4_K (Q5_K), v in Q6_K (the Q8_16 form)."""
     parts = [parse_blocks(kind, torch.from_numpy(random_blocks(kind, n, 256, seed=n).copy()))
-             for kind, n in (("Q4_K", 48), ("Q4_K", 16), ("Q6_K", 16))]
+             for kind, n in ((qk_kind, 48), (qk_kind, 16), ("Q6_K", 16))]
     weight = torch.cat([p.dequantize() for p in parts])
     layer = BlockLinear(None, weight, parts, kernels)
-    assert layer.kind == "mixed" and [p.kind for p in layer.parts] == ["Q4_1", "Q8_16"]
+    assert layer.kind == "mixed" and [p.kind for p in layer.parts] == [FORM_OF[qk_kind], "Q8_16"]
     assert layer.parts[0].codes.shape[0] == 64               # q and k joined
     for rows in (1, 3, layer.max_rows + 1):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
