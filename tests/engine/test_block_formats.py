@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine import load_model
 from engine.kernels import load_native_kernels
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
 from engine.models.block_weights import BlockLinear
+from tests.helpers import assert_blocks_decode_like_dense
 
 FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
                "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
@@ -117,13 +118,4 @@ def test_gemma3_q4_k_m_decodes_from_its_own_blocks():
     assert len(modules) == 4 * len(blocked.module.layers) + 1
     assert set(kinds) == {"Q4_1", "Q8_0", "Q8_16"}
     dense = load_model("gemma3-270m", progress=False, block_kernels=False)
-    tokenizer = dense.tokenizer
-    prompts = [tokenizer.encode(text) for text in ("The capital of France is",
-                                                  "def fibonacci(n):", "1, 2, 3, 5, 8,")]
-    config = GenerationConfig(max_new_tokens=24)
-    logprobs = ContinuousBatchingConfig(return_logprobs=True)
-    got = list(blocked.generate_batch(prompts, config, logprobs).values())
-    want = list(dense.generate_batch(prompts, config, logprobs).values())
-    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
-    for mine, reference in zip(got, want):
-        assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    assert_blocks_decode_like_dense(blocked, dense, max_new_tokens=24)

@@ -15,8 +15,9 @@ import collections
 import numpy as np
 import pytest
 
-from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine import load_model
 from engine.models.block_weights import BlockLinear
+from tests.helpers import assert_blocks_decode_like_dense
 
 
 def quantize_q5_k(weights: np.ndarray) -> np.ndarray:
@@ -105,13 +106,4 @@ def test_a_q5_model_decodes_from_its_own_blocks(tmp_path):
     projections = [m for m in blocked.module.layers.modules() if isinstance(m, BlockLinear)]
     assert len(projections) == 4 * 30 and {m.kind for m in projections} == {"Q5_1"}
     dense = load_model(str(path), progress=False, block_kernels=False)
-    tokenizer = dense.tokenizer
-    prompts = [tokenizer.encode(text) for text in ("The capital of France is",
-                                                  "def fibonacci(n):", "1, 2, 3, 5, 8,")]
-    config = GenerationConfig(max_new_tokens=16)
-    logprobs = ContinuousBatchingConfig(return_logprobs=True)
-    got = list(blocked.generate_batch(prompts, config, logprobs).values())
-    want = list(dense.generate_batch(prompts, config, logprobs).values())
-    assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
-    for mine, reference in zip(got, want):
-        assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    assert_blocks_decode_like_dense(blocked, dense, max_new_tokens=16)
