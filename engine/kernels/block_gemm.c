@@ -77,17 +77,16 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
 #endif
     float *ordered, *xsum = NULL;
     if (block_order(x, rows, k, &ordered)) return 2;
-    const int sums_needed = kind == BLOCKS_Q5
-                            || (kind == BLOCKS_Q4 && q4_reads_block_sums(rows));
-    if (block_sums(x, rows, k, sums_needed, &xsum)) {
+    const int minima = kind == BLOCKS_Q4 || kind == BLOCKS_Q5;
+    if (block_sums(x, rows, k, kind == BLOCKS_Q5 || (minima && q4_reads_block_sums(rows)),
+                   &xsum)) {
         free(ordered);
         return 2;
     }
     WorkRanges items;
     work_ranges_init(&items, (n + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
-    GemmJob job = {ordered ? ordered : x, d,
-                   kind == BLOCKS_Q4 || kind == BLOCKS_Q5 ? m : NULL, xsum, q, rows, k, n, y,
-                   ldy, kind == BLOCKS_Q8_HALVES, &items};
+    GemmJob job = {ordered ? ordered : x, d, minima ? m : NULL, xsum, q, rows, k, n, y, ldy,
+                   kind == BLOCKS_Q8_HALVES, &items};
     run_parallel(kind == BLOCKS_Q4 ? q4_part : q8_part, &job, num_threads);
     free(xsum);
     free(ordered);

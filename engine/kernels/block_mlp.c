@@ -93,7 +93,8 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
     float *h = malloc(sizeof(float) * rows * intermediate);
     float *xsum = NULL, *ordered = NULL;
     int status = 2;
-    if (h && !block_sums(x, rows, k, q4_reads_block_sums(rows), &xsum) && !block_order(x, rows, k, &ordered)) {
+    if (h && !block_sums(x, rows, k, q4_reads_block_sums(rows), &xsum)
+        && !block_order(x, rows, k, &ordered)) {
         WorkRanges chunks;
         work_ranges_init(&chunks, (intermediate + COLUMN_CHUNK - 1) / COLUMN_CHUNK, num_threads);
         GateUpJob job = {ordered ? ordered : x, xsum, gate_up_q, gate_up_d, gate_up_m, rows,

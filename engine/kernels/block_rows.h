@@ -146,11 +146,28 @@ static inline __attribute__((always_inline)) void q4_rows_impl(
 #endif
 }
 
-/* halves: d holds a scale per 16 weights (two per block), else one per block. */
-static inline __attribute__((always_inline)) void q8_rows_impl(
-        const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
-        int64_t rows, float *y, int64_t n, int halves) {
+/* sum over blocks of m[b] * sums[b]: a q5 row's minima against one row's block sums. */
+static inline float minima_dot(const float *m, const float *sums, int64_t blocks) {
 #ifdef __AVX512F__
+    return _mm512_reduce_add_ps(add_minima(_mm512_setzero_ps(), m, sums, blocks));
+#else
+    float total = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) total += m[b] * sums[b];
+    return total;
+#endif
+}
+
+/* halves: d holds a scale per 16 weights (two per block), else one per block. m: a q5
+ * row's minima, added as m * sum(x) per block from x's block sums (xsum [rows, blocks]),
+ * or NULL. */
+static inline __attribute__((always_inline)) void q8_rows_impl(
+        const int8_t *q, const float *d, const float *m, const float *x, const float *xsum,
+        int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n, int halves) {
+#ifdef __AVX512F__
+    if (rows == 1 && !halves) {               /* the minima in the row's accumulator */
+        y[0] = q8_one_row(q, d, m, x, xsum, blocks);
+        return;
+    }
     q8_rows_avx512(q, d, x, blocks, k, rows, y, n, halves);
 #elif defined(__AVX2__) && defined(__FMA__)
     /* In block order lanes 0-3 hold elements 0..15 and lanes 4-7 16..31, so halves'
@@ -190,6 +207,8 @@ static inline __attribute__((always_inline)) void q8_rows_impl(
         y[r * n] = total;
     }
 #endif
+    if (m)
+        for (int64_t r = 0; r < rows; r++) y[r * n] += minima_dot(m, xsum + r * blocks, blocks);
 }
 
 /* Constant row counts let the compiler keep the accumulators in registers. */
@@ -209,14 +228,14 @@ static __attribute__((noinline, unused)) void q4_rows(
 }
 
 static __attribute__((noinline, unused)) void q8_rows(
-        const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
-        int64_t rows, float *y, int64_t n, int halves) {
+        const int8_t *q, const float *d, const float *m, const float *x, const float *xsum,
+        int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n, int halves) {
     switch (rows) {
-    case 1: q8_rows_impl(q, d, x, blocks, k, 1, y, n, halves); break;
-    case 2: q8_rows_impl(q, d, x, blocks, k, 2, y, n, halves); break;
-    case 4: q8_rows_impl(q, d, x, blocks, k, 4, y, n, halves); break;
-    case 8: q8_rows_impl(q, d, x, blocks, k, 8, y, n, halves); break;
-    default: q8_rows_impl(q, d, x, blocks, k, rows, y, n, halves);
+    case 1: q8_rows_impl(q, d, m, x, xsum, blocks, k, 1, y, n, halves); break;
+    case 2: q8_rows_impl(q, d, m, x, xsum, blocks, k, 2, y, n, halves); break;
+    case 4: q8_rows_impl(q, d, m, x, xsum, blocks, k, 4, y, n, halves); break;
+    case 8: q8_rows_impl(q, d, m, x, xsum, blocks, k, 8, y, n, halves); break;
+    default: q8_rows_impl(q, d, m, x, xsum, blocks, k, rows, y, n, halves);
     }
 }
 
@@ -310,17 +329,6 @@ static inline void q4_columns(const uint8_t *q, const float *d, const float *m,
                 tile, y + col - first, ldy);
 }
 
-/* sum over blocks of m[b] * sums[b]: a q5 row's minima against one row's block sums. */
-static inline float minima_dot(const float *m, const float *sums, int64_t blocks) {
-#ifdef __AVX512F__
-    return _mm512_reduce_add_ps(add_minima(_mm512_setzero_ps(), m, sums, blocks));
-#else
-    float total = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) total += m[b] * sums[b];
-    return total;
-#endif
-}
-
 /* The same for a q8 weight (halves: a scale per 16 weights), or a q5 one: m its
  * minima and xsum the tile's block sums (else both NULL). */
 static inline void q8_columns(const int8_t *q, const float *d, const float *m,
@@ -328,13 +336,9 @@ static inline void q8_columns(const int8_t *q, const float *d, const float *m,
                               int64_t first, int64_t last, float *y, int64_t ldy,
                               int halves) {
     const int64_t blocks = k / BLOCK, scales = halves ? 2 * blocks : blocks;
-    for (int64_t col = first; col < last; col++) {
-        float *out = y + col - first;
-        q8_rows(q + col * k, d + col * scales, x, blocks, k, tile, out, ldy, halves);
-        if (m)
-            for (int64_t r = 0; r < tile; r++)
-                out[r * ldy] += minima_dot(m + col * blocks, xsum + r * blocks, blocks);
-    }
+    for (int64_t col = first; col < last; col++)
+        q8_rows(q + col * k, d + col * scales, m ? m + col * blocks : NULL, x, xsum, blocks,
+                k, tile, y + col - first, ldy, halves);
 }
 
 #endif

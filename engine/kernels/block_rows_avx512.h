@@ -91,9 +91,10 @@ static inline float q4_one_row(const uint8_t *q, const float *d, const float *m,
     return _mm512_reduce_add_ps(add_minima(_mm512_add_ps(even, odd), m, xsum, blocks));
 }
 
-/* The same for a q8 weight row with a scale per block. */
-static inline float q8_one_row(const int8_t *q, const float *d, const float *x,
-                               int64_t blocks) {
+/* The same for a q8 weight row with a scale per block, plus m * sum(x) per block where
+ * m (a q5 row's minima; xsum: x's block sums) is not NULL. */
+static inline float q8_one_row(const int8_t *q, const float *d, const float *m,
+                               const float *x, const float *xsum, int64_t blocks) {
     __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 1 < blocks; b += 2) {
@@ -107,7 +108,8 @@ static inline float q8_one_row(const int8_t *q, const float *d, const float *x,
     if (b < blocks)
         even = _mm512_fmadd_ps(q8_block_dot(q + b * BLOCK, x + b * BLOCK),
                                _mm512_set1_ps(d[b]), even);
-    return _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
+    const __m512 total = _mm512_add_ps(even, odd);
+    return _mm512_reduce_add_ps(m ? add_minima(total, m, xsum, blocks) : total);
 }
 
 /* One block's dequantized weights (first and second 16) against `rows` rows of x
@@ -152,14 +154,11 @@ static inline __attribute__((always_inline)) void q4_rows_avx512(
     store_rows(low_acc, high_acc, rows, y, n);
 }
 
-/* y[r * n] (r < rows) for a q8 weight row (halves: a scale per 16 weights). */
+/* y[r * n] (r < rows) for a q8 weight row (halves: a scale per 16 weights), steps of
+ * 2 rows and more, or halves (q8_rows_impl takes one row of one scale per block). */
 static inline __attribute__((always_inline)) void q8_rows_avx512(
         const int8_t *q, const float *d, const float *x, int64_t blocks, int64_t k,
         int64_t rows, float *y, int64_t n, int halves) {
-    if (rows == 1 && !halves) {
-        y[0] = q8_one_row(q, d, x, blocks);
-        return;
-    }
     __m512 first_acc[ROW_TILE], second_acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) first_acc[r] = second_acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
