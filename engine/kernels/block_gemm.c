@@ -106,6 +106,23 @@ int block_gemm_lanes(void) {
 #endif
 }
 
+/* 1 for a weight of no parts (or more than MAX_WEIGHT_PARTS), else block_gemm's status
+ * for the first part that fails. */
+int block_weight_gemm(const BlockWeight *w, const float *x, int64_t rows, int64_t k, float *y,
+                      int64_t ldy, int num_threads) {
+    if (w->num_parts < 1 || w->num_parts > MAX_WEIGHT_PARTS) return 1;
+    int64_t offset = 0;
+    for (int64_t p = 0; p < w->num_parts; p++) {
+        const BlockPart *part = &w->parts[p];
+        if (offset + part->columns > ldy) return 1;
+        const int status = block_gemm((int)part->kind, x, rows, k, part->q, part->d, part->m,
+                                      part->columns, y + offset, ldy, num_threads);
+        if (status) return status;
+        offset += part->columns;
+    }
+    return 0;
+}
+
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads) {
     return block_gemm(BLOCKS_Q4, x, rows, k, q, d, m, n, y, n, num_threads);

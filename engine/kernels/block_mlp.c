@@ -108,3 +108,27 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
     free(ordered);
     return status;
 }
+
+/* The same MLP on weights of any kinds (kernels.h's BlockWeight): both in Q4_1 blocks,
+ * q4_gated_mlp; otherwise gate and up into [rows, 2I], silu(gate) * up (activations.c's
+ * silu_mul), then the down product. 2 when out of memory, else the kernels' status. */
+int blocks_gated_mlp(const float *x, int64_t rows, int64_t k, const BlockWeight *gate_up,
+                     int64_t intermediate, const BlockWeight *down, int64_t n, float *y,
+                     int num_threads) {
+    const BlockPart *gu = &gate_up->parts[0], *dn = &down->parts[0];
+    if (gate_up->num_parts == 1 && down->num_parts == 1 && gu->kind == BLOCKS_Q4
+        && dn->kind == BLOCKS_Q4)
+        return q4_gated_mlp(x, rows, k, gu->q, gu->d, gu->m, intermediate, dn->q, dn->d, dn->m,
+                            n, y, num_threads);
+    if (rows <= 0 || n <= 0) return 0;
+    float *both = malloc(sizeof(float) * rows * 2 * intermediate);
+    float *h = malloc(sizeof(float) * rows * intermediate);
+    int status = both && h ? 0 : 2;
+    if (!status)
+        status = block_weight_gemm(gate_up, x, rows, k, both, 2 * intermediate, num_threads);
+    if (!status) status = silu_mul(both, rows, intermediate, 0, h, num_threads);
+    if (!status) status = block_weight_gemm(down, h, rows, intermediate, y, n, num_threads);
+    free(both);
+    free(h);
+    return status;
+}

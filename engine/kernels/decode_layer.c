@@ -1,8 +1,11 @@
-/* The two halves of a Llama decoder layer for a decode step on Q4_1 blocks, each one
+/* The two halves of a Llama decoder layer for a decode step on GGUF blocks, each one
  * native call (models/fast_decode.py): the attention half (RMSNorm, qkv projection,
  * RoPE and the cache write, paged attention, o projection, residual) and the MLP half
- * (RMSNorm, gated MLP, residual). They chain the kernels of block_gemm.c,
- * layer_ops.c and paged_attention.c in the modules' order. */
+ * (RMSNorm, gated MLP, residual), for projections in any of block_gemm's kinds, one
+ * kind or several per weight (kernels.h's BlockWeight: Q4_1 files, Q8_0 files, Q5_K_M
+ * and Q4_K_M mixtures). They chain the kernels of block_gemm.c, block_mlp.c,
+ * layer_ops.c and paged_attention.c in the modules' order, on the same calls the
+ * modules make, so a layer's output is the modules' bit for bit. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -11,13 +14,13 @@
 /* y = x + o_proj(attention(rope(qkv_proj(rms_norm(x))))) for `tokens` decode requests,
  * writing each token's new K/V to its cache slot first. x, y [tokens, hidden];
  * cos, sin [tokens, dim]; the decode context as in paged_decode_attention. */
-int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const float *norm_weight,
-                       float eps, const uint8_t *qkv_q, const float *qkv_d, const float *qkv_m,
-                       const float *cos, const float *sin, const int64_t *slot_mapping,
-                       void *keys, void *values, int kv_bf16, const int64_t *slots,
-                       const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
-                       int64_t dim, float scale, const uint8_t *o_q, const float *o_d,
-                       const float *o_m, float *y, int num_threads) {
+int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
+                         const float *norm_weight, float eps, const BlockWeight *qkv_proj,
+                         const float *cos, const float *sin, const int64_t *slot_mapping,
+                         void *keys, void *values, int kv_bf16, const int64_t *slots,
+                         const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
+                         int64_t dim, float scale, const BlockWeight *o_proj, float *y,
+                         int num_threads) {
     if (tokens <= 0) return 0;
     const int64_t width_qkv = (heads + 2 * kv_heads) * dim;
     float *h = malloc(sizeof(float) * tokens * hidden);
@@ -26,7 +29,7 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
     int status = 2;
     if (h && qkv && context) {
         rms_norm_rows(x, tokens, hidden, norm_weight, eps, h);
-        status = q4_gemm(h, tokens, hidden, qkv_q, qkv_d, qkv_m, width_qkv, qkv, num_threads);
+        status = block_weight_gemm(qkv_proj, h, tokens, hidden, qkv, width_qkv, num_threads);
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys,
                             values, kv_bf16);
@@ -35,7 +38,8 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
                                             NULL, tokens, lengths, tokens, width, heads,
                                             kv_heads, dim, scale, context, num_threads);
         if (!status)
-            status = q4_gemm(context, tokens, heads * dim, o_q, o_d, o_m, hidden, y, num_threads);
+            status = block_weight_gemm(o_proj, context, tokens, heads * dim, y, hidden,
+                                       num_threads);
         for (int64_t i = 0; !status && i < tokens * hidden; i++) y[i] += x[i];
     }
     free(h);
@@ -45,16 +49,14 @@ int q4_attention_block(const float *x, int64_t tokens, int64_t hidden, const flo
 }
 
 /* y = x + gated_mlp(rms_norm(x)): the MLP half of a Llama decoder layer. */
-int q4_mlp_block(const float *x, int64_t rows, int64_t k, const float *norm_weight, float eps,
-                 const uint8_t *gate_up_q, const float *gate_up_d, const float *gate_up_m,
-                 int64_t intermediate, const uint8_t *down_q, const float *down_d,
-                 const float *down_m, float *y, int num_threads) {
+int block_mlp_half(const float *x, int64_t rows, int64_t k, const float *norm_weight, float eps,
+                   const BlockWeight *gate_up, int64_t intermediate, const BlockWeight *down,
+                   float *y, int num_threads) {
     if (rows <= 0) return 0;
     float *h = malloc(sizeof(float) * rows * k);
     if (!h) return 2;
     rms_norm_rows(x, rows, k, norm_weight, eps, h);
-    int status = q4_gated_mlp(h, rows, k, gate_up_q, gate_up_d, gate_up_m, intermediate,
-                              down_q, down_d, down_m, k, y, num_threads);
+    int status = blocks_gated_mlp(h, rows, k, gate_up, intermediate, down, k, y, num_threads);
     for (int64_t i = 0; !status && i < rows * k; i++) y[i] += x[i];
     free(h);
     return status;
@@ -66,39 +68,30 @@ int q4_mlp_block(const float *x, int64_t rows, int64_t k, const float *norm_weig
 typedef struct {
     const float *input_norm, *post_norm;
     float input_eps, post_eps;
-    const uint8_t *qkv_q;
-    const float *qkv_d, *qkv_m;
-    const uint8_t *o_q;
-    const float *o_d, *o_m;
-    const uint8_t *gate_up_q;
-    const float *gate_up_d, *gate_up_m;
-    const uint8_t *down_q;
-    const float *down_d, *down_m;
+    BlockWeight qkv, o, gate_up, down;
     void *keys, *values;             /* this layer's flat cache [slots, KVH, D] */
-} Q4StackLayer;
+} BlockStackLayer;
 
 /* x [tokens, hidden] in, the last layer's output out (in place); the rest as in
- * q4_attention_block. */
-int q4_decoder_stack(const Q4StackLayer *layers, int64_t num_layers, int64_t hidden,
-                     int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t dim,
-                     float scale, int kv_bf16, float *x, int64_t tokens, const float *cos,
-                     const float *sin, const int64_t *slot_mapping, const int64_t *slots,
-                     const int64_t *lengths, int64_t width, int num_threads) {
+ * block_attention_half. */
+int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers, int64_t hidden,
+                        int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t dim,
+                        float scale, int kv_bf16, float *x, int64_t tokens, const float *cos,
+                        const float *sin, const int64_t *slot_mapping, const int64_t *slots,
+                        const int64_t *lengths, int64_t width, int num_threads) {
     if (tokens <= 0) return 0;
     float *y = malloc(sizeof(float) * tokens * hidden);
     int status = y ? 0 : 2;
     for (int64_t l = 0; !status && l < num_layers; l++) {
-        const Q4StackLayer *layer = &layers[l];
-        status = q4_attention_block(x, tokens, hidden, layer->input_norm, layer->input_eps,
-                                    layer->qkv_q, layer->qkv_d, layer->qkv_m, cos, sin,
-                                    slot_mapping, layer->keys, layer->values, kv_bf16, slots,
-                                    lengths, width, heads, kv_heads, dim, scale, layer->o_q,
-                                    layer->o_d, layer->o_m, y, num_threads);
+        const BlockStackLayer *layer = &layers[l];
+        status = block_attention_half(x, tokens, hidden, layer->input_norm, layer->input_eps,
+                                      &layer->qkv, cos, sin, slot_mapping, layer->keys,
+                                      layer->values, kv_bf16, slots, lengths, width, heads,
+                                      kv_heads, dim, scale, &layer->o, y, num_threads);
         if (!status)
-            status = q4_mlp_block(y, tokens, hidden, layer->post_norm, layer->post_eps,
-                                  layer->gate_up_q, layer->gate_up_d, layer->gate_up_m,
-                                  intermediate, layer->down_q, layer->down_d, layer->down_m, x,
-                                  num_threads);
+            status = block_mlp_half(y, tokens, hidden, layer->post_norm, layer->post_eps,
+                                    &layer->gate_up, intermediate, &layer->down, x,
+                                    num_threads);
     }
     free(y);
     return status;

@@ -17,12 +17,38 @@ int block_gemm_lanes(void);
 int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *d,
             const float *m, int64_t n, float *y, int num_threads);
 
+/* A weight [N, k] in blocks, as its parts in row order: a fused projection whose
+ * pieces come in different kinds (a Q4_K_M file's Q4_K q and k beside a Q6_K v) has
+ * one part per run of one kind; every other weight has one part. Part p holds rows
+ * (output columns) [offset_p, offset_p + columns) with offset_p the columns of the
+ * parts before it. m is NULL for the kinds without minima (Q8). */
+#define MAX_WEIGHT_PARTS 4
+typedef struct {
+    int64_t kind;                    /* BLOCKS_* */
+    int64_t columns;
+    const void *q;
+    const float *d, *m;
+} BlockPart;
+
+typedef struct {
+    int64_t num_parts;
+    BlockPart parts[MAX_WEIGHT_PARTS];
+} BlockWeight;
+
+/* y[rows, N] (row stride ldy) = x[rows, k] @ W^T, each part's kernel writing its own
+ * columns (block_gemm.c). */
+int block_weight_gemm(const BlockWeight *w, const float *x, int64_t rows, int64_t k, float *y,
+                      int64_t ldy, int num_threads);
+
 /* block_mlp.c: y[rows, n] = down(silu(gate(x)) * up(x)) with gate_up [2I, k] (gate rows
- * first) and down [n, I] in Q4_1 blocks. */
+ * first) and down [n, I] in Q4_1 blocks; blocks_gated_mlp for weights of any kinds. */
 int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
                  const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
                  const uint8_t *down_q, const float *down_d, const float *down_m, int64_t n,
                  float *y, int num_threads);
+int blocks_gated_mlp(const float *x, int64_t rows, int64_t k, const BlockWeight *gate_up,
+                     int64_t intermediate, const BlockWeight *down, int64_t n, float *y,
+                     int num_threads);
 
 /* layer_ops.c: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row (this thread);
  * RoPE on the q and k heads of qkv rows [first, last) and their k, v written to the

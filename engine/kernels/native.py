@@ -20,13 +20,13 @@ SIGNATURES = {
     # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
     "block_gemm": "ipsspppspsi",
-    "q4_attention_block": "psspfppppppppippssssfppppi", "q4_mlp_block": "psspfpppsppppi",
-    "q4_gated_mlp": "psspppspppspi", "paged_decode_attention": "psppipppspsssssfpi",
+    "block_attention_half": "psspfppppppippssssfppi", "block_mlp_half": "psspfpsppi",
+    "blocks_gated_mlp": "psspspspi", "paged_decode_attention": "psppipppspsssssfpi",
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i", "bf16_amx_enable": "i",
-    "bf16_decoder_stack": "psppspsi", "q4_decoder_stack": "pssssssfipspppppsi",
+    "bf16_decoder_stack": "psppspsi", "block_decoder_stack": "pssssssfipspppppsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
 
@@ -275,57 +275,3 @@ class NativeKernels:
         if status:
             raise RuntimeError(f"paged_decode_attention failed ({status})")
         return out
-
-    def gated_mlp(self, x: torch.Tensor, gate_up, down) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x)) in one call; x [rows, K] fp32 contiguous;
-        `gate_up` ([2I, K], gate rows first) and `down` ([N, I]) are Q4_1 BlockLinears
-        without bias -> [rows, N]."""
-        rows, in_features = x.shape
-        out_features = down.codes.shape[0]
-        y = torch.empty(rows, out_features, dtype=torch.float32)
-        status = self._library.q4_gated_mlp(
-            x.data_ptr(), rows, in_features, gate_up.codes.data_ptr(), gate_up.scales.data_ptr(),
-            gate_up.minima.data_ptr(), gate_up.codes.shape[0] // 2, down.codes.data_ptr(),
-            down.scales.data_ptr(), down.minima.data_ptr(), out_features, y.data_ptr(),
-            self.num_threads)
-        if status:
-            raise RuntimeError(f"q4_gated_mlp failed ({status}) for K={in_features}")
-        return y
-
-    def attention_block(self, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tensor,
-                        sin: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
-                        values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
-                        heads: int, scale: float) -> torch.Tensor:
-        """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T
-        requests, writing their new K/V into the flat caches first (the attention half
-        of a Llama layer, decode_layer.c). x [T, hidden]; cos, sin [T, D]; the
-        projections are Q4_1 BlockLinears; the rest as in paged_decode_attention.
-        The caller guarantees fp32, CPU, contiguous tensors (FastDecodeLayer)."""
-        tokens, hidden = x.shape
-        kv_heads, dim = keys.shape[1], keys.shape[2]
-        y = torch.empty(tokens, hidden, dtype=torch.float32)
-        status = self._library.q4_attention_block(
-            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
-            qkv.codes.data_ptr(), qkv.scales.data_ptr(), qkv.minima.data_ptr(),
-            cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), keys.data_ptr(),
-            values.data_ptr(), int(keys.dtype == torch.bfloat16), slots.data_ptr(),
-            lengths.data_ptr(), slots.shape[1], heads,
-            kv_heads, dim, scale, o_proj.codes.data_ptr(), o_proj.scales.data_ptr(),
-            o_proj.minima.data_ptr(), y.data_ptr(), self.num_threads)
-        if status:
-            raise RuntimeError(f"q4_attention_block failed ({status})")
-        return y
-
-    def mlp_block(self, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
-        """x + down(silu(gate(h)) * up(h)), h = rms_norm(x): the MLP half of a Llama
-        layer in one call (decode_layer.c); same guarantees as attention_block."""
-        tokens, hidden = x.shape
-        y = torch.empty(tokens, hidden, dtype=torch.float32)
-        status = self._library.q4_mlp_block(
-            x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
-            gate_up.codes.data_ptr(), gate_up.scales.data_ptr(), gate_up.minima.data_ptr(),
-            gate_up.codes.shape[0] // 2, down.codes.data_ptr(), down.scales.data_ptr(),
-            down.minima.data_ptr(), y.data_ptr(), self.num_threads)
-        if status:
-            raise RuntimeError(f"q4_mlp_block failed ({status})")
-        return y

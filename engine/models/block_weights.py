@@ -28,6 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ..kernels.block_layers import gated_mlp
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
 from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
@@ -136,9 +137,11 @@ class BlockLinear(nn.Module):
 
 
 class FusedBlockMLP:
-    """A GatedMLP whose gate/up and down projections are both Q4_1 BlockLinears
-    without bias, with SiLU: steps of up to `max_rows` rows run the whole MLP
-    in one native call (one crossing into C instead of two, no torch ops between)."""
+    """A GatedMLP whose gate/up and down projections are BlockLinears (any kinds)
+    without bias, with SiLU: steps of up to `max_rows` rows (the smaller of the two
+    projections') run the whole MLP in one native call (kernels/block_layers.py: one
+    crossing into C instead of three, no torch ops between; Q4_1 weights fuse gate,
+    up and SiLU into one sweep)."""
 
     def __init__(self, gate_up: BlockLinear, down: BlockLinear, kernels) -> None:
         self.gate_up, self.down, self.kernels = gate_up, down, kernels
@@ -147,8 +150,7 @@ class FusedBlockMLP:
     def applies(mlp: nn.Module) -> bool:
         gate_up, down = mlp.gate_up_proj, mlp.down_proj
         return (isinstance(gate_up, BlockLinear) and isinstance(down, BlockLinear)
-                and gate_up.kind == down.kind == "Q4_1" and gate_up.bias is None
-                and down.bias is None and mlp.act is F.silu)
+                and gate_up.bias is None and down.bias is None and mlp.act is F.silu)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output, or None when the step is for the modules. Larger steps
@@ -156,8 +158,8 @@ class FusedBlockMLP:
         its output (no dtype casts between, in bf16 mode), then down."""
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
-        if x.shape[0] <= self.gate_up.max_rows:
-            return self.kernels.gated_mlp(x.contiguous(), self.gate_up, self.down)
+        if x.shape[0] <= min(self.gate_up.max_rows, self.down.max_rows):
+            return gated_mlp(self.kernels, x.contiguous(), self.gate_up, self.down)
         gate_up, down = self.gate_up.packed, self.down.packed
         if gate_up is None or down is None or gate_up.dtype != down.dtype:
             return None

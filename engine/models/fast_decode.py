@@ -2,9 +2,10 @@
 
 At batch 1 a Llama layer costs ~0.4 ms, and a third of it is Python: module calls,
 wrappers checking their inputs, small torch ops between the kernels. For layers whose
-projections all run on GGUF blocks (models/block_weights.py), a decode-only step of
-at most the projections' `max_rows` requests (MAX_KERNEL_ROWS, BF16_KERNEL_ROWS in
-dtype bf16-weights) takes this path instead of the modules:
+projections all run on GGUF blocks (models/block_weights.py: any of the kernels'
+kinds, one per projection or several, as in Q4_K_M and Q5_K_M files), a decode-only
+step of at most the projections' `max_rows` requests (MAX_KERNEL_ROWS,
+BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
 
     h = rms_norm(x)
     q, k, v = split(qkv_kernel(h)); rotate q and k
@@ -13,22 +14,23 @@ dtype bf16-weights) takes this path instead of the modules:
     x = x + o_kernel(a)
     x = x + gated_mlp_kernel(rms_norm(x))
 
-The whole layer is two native calls, `attention_block` (norm, qkv, RoPE, cache
-write, attention, o_proj, residual) and `mlp_block` (norm, gated MLP, residual), with
-the modules' arithmetic in the same order (the norm and RoPE written in C). Any other
-step (prefill rows, more rows, a partial RoPE, sliding layers) returns None and the
-modules run. When every layer of the model has one, FastDecodeStack runs them all in
-one native call (decode_layer.c's q4_decoder_stack, the same halves in a C loop).
+The whole layer is two native calls (kernels/block_layers.py), `attention_half`
+(norm, qkv, RoPE, cache write, attention, o_proj, residual) and `mlp_half` (norm,
+gated MLP, residual), with the modules' arithmetic in the same order (the norm and
+RoPE written in C). Any other step (prefill rows, more rows, a partial RoPE, sliding
+layers) returns None and the modules run. When every layer of the model has one,
+FastDecodeStack runs them all in one native call (decode_layer.c's
+block_decoder_stack, the same halves in a C loop).
 """
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 
 import torch
 from torch import nn
 
+from ..kernels.block_layers import BlockStackLayer, attention_half, mlp_half, native_weight
 from .block_weights import BlockLinear, FusedBlockMLP
 
 
@@ -38,14 +40,22 @@ class FastDecodeLayer:
         self.attn, self.mlp, self.kernels = attn, layer.mlp, kernels
         self.layer_idx = attn.layer_idx
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
+                            layer.mlp.down_proj)
+
+    @property
+    def max_rows(self) -> int:
+        """Steps of at most this many rows are this path's: the least of the four
+        projections' (a Q5_1 MLP stops at 12 rows where Q4_1 attention goes on)."""
+        return min(p.max_rows for p in self.projections)
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
         """Llama-style layer (two plain RMSNorms, no q/k norm, full attention, no
-        attention bias) whose projections and MLP all run on Q4_1 blocks."""
+        attention bias) whose projections and MLP all run on blocks."""
         attn = layer.self_attn
         return (getattr(attn, "q_norm", None) is None and not attn.is_sliding
-                and all(isinstance(p, BlockLinear) and p.kind == "Q4_1" and p.bias is None
+                and all(isinstance(p, BlockLinear) and p.bias is None
                         for p in (attn.qkv_proj, attn.o_proj))
                 and isinstance(getattr(layer.mlp, "fused", None), FusedBlockMLP)
                 and not layer.input_layernorm.offset
@@ -59,7 +69,7 @@ class FastDecodeLayer:
         key_cache = kv_cache.key_caches[self.layer_idx]
         value_cache = kv_cache.value_caches[self.layer_idx]
         if not (_step_fits(meta, cos, sin, attn.head_dim) and hidden.dim() == 2
-                and hidden.shape[0] == cos.shape[0] <= attn.qkv_proj.max_rows
+                and hidden.shape[0] == cos.shape[0] <= self.max_rows
                 and _is_cpu_fp32(hidden)
                 and key_cache.dtype == value_cache.dtype
                 and key_cache.dtype in (torch.float32, torch.bfloat16)):
@@ -67,10 +77,12 @@ class FastDecodeLayer:
         first, second = self.norms
         flat_keys = key_cache.view(-1, attn.num_kv_heads, attn.head_dim)
         flat_values = value_cache.view(-1, attn.num_kv_heads, attn.head_dim)
-        hidden = self.kernels.attention_block(
-            hidden, first, attn.qkv_proj, attn.o_proj, cos, sin, meta.slot_mapping, flat_keys,
-            flat_values, meta.decode_kv_slots, meta.decode_lengths, attn.num_heads, attn.scale)
-        return self.kernels.mlp_block(hidden, second, self.mlp.gate_up_proj, self.mlp.down_proj)
+        hidden = attention_half(
+            self.kernels, hidden, first, attn.qkv_proj, attn.o_proj, cos, sin,
+            meta.slot_mapping, flat_keys, flat_values, meta.decode_kv_slots,
+            meta.decode_lengths, attn.num_heads, attn.scale)
+        return mlp_half(self.kernels, hidden, second, self.mlp.gate_up_proj,
+                        self.mlp.down_proj)
 
 
 _last_step: tuple = (None, False)
@@ -101,37 +113,27 @@ def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> boo
     return verdict
 
 
-class _Q4Layer(ctypes.Structure):          # decode_layer.c's Q4StackLayer
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float)] + [
-        (f"{name}_{part}", ctypes.c_void_p) for name in ("qkv", "o", "gate_up", "down")
-        for part in ("q", "d", "m")] + [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
-
-
 class FastDecodeStack:
     """Every FastDecodeLayer of the model in one call (the model's `layer_stacks`):
     the same steps, the same output, bit for bit (tests/engine/test_packed_stack.py)."""
 
     def __init__(self, layers: list[FastDecodeLayer], kernels) -> None:
         self.layers, self.kernels = layers, kernels
-        self.function = kernels.library.q4_decoder_stack
-        self.entries = (_Q4Layer * len(layers))(*(self._entry(layer) for layer in layers))
+        self.function = kernels.library.block_decoder_stack
+        self.entries = (BlockStackLayer * len(layers))(*(self._entry(layer) for layer in layers))
+        self.max_rows = min(layer.max_rows for layer in layers)
         attn = layers[0].attn
-        self.max_rows = min(layer.attn.qkv_proj.max_rows for layer in layers)
-        self.shape = (attn.o_proj.codes.shape[0], layers[0].mlp.gate_up_proj.codes.shape[0] // 2,
+        self.shape = (attn.o_proj.out_features, layers[0].mlp.gate_up_proj.out_features // 2,
                       attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
         self.bound = weakref.WeakKeyDictionary()
         """cache -> entries pointing at that cache (one array per cache: engines with
         caches of their own never share what a call reads)."""
 
     @staticmethod
-    def _entry(layer: FastDecodeLayer) -> _Q4Layer:
+    def _entry(layer: FastDecodeLayer) -> BlockStackLayer:
         first, second = layer.norms
-        blocks = (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj,
-                  layer.mlp.down_proj)
-        return _Q4Layer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
-                        second.eps, *(t.data_ptr() for b in blocks
-                                      for t in (b.codes, b.scales, b.minima)))
+        return BlockStackLayer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
+                               second.eps, *(native_weight(p) for p in layer.projections))
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
@@ -144,7 +146,7 @@ class FastDecodeStack:
     def _bind(self, kv_cache):
         entries = self.bound.get(kv_cache)
         if entries is None:
-            entries = (_Q4Layer * len(self.layers))(*self.entries)       # copies
+            entries = (BlockStackLayer * len(self.layers))(*self.entries)       # copies
             for entry, layer in zip(entries, self.layers):
                 entry.keys = kv_cache.key_caches[layer.layer_idx].data_ptr()
                 entry.values = kv_cache.value_caches[layer.layer_idx].data_ptr()
@@ -171,5 +173,5 @@ class FastDecodeStack:
             sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
             meta.decode_lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)
         if status:
-            raise RuntimeError(f"q4_decoder_stack failed ({status})")
+            raise RuntimeError(f"block_decoder_stack failed ({status})")
         return x

@@ -85,16 +85,27 @@ def test_fused_blocks_keep_their_row_order(kernels):
     assert_within_rounding(layer(x), x @ fused.dequantize().T, x, fused.dequantize())
 
 
+def block_linear(kernels, kinds: list[str], rows: int, cols: int, seed: int) -> BlockLinear:
+    """A BlockLinear [rows, cols] of random blocks, its rows split evenly between
+    `kinds` (two kinds: a "mixed" weight, as a Q4_K_M file's fused qkv)."""
+    parts = [parse_blocks(kind, random_gguf_bytes(kind, rows // len(kinds), cols, seed + i))
+             for i, kind in enumerate(kinds)]
+    weight = torch.cat([part.dequantize() for part in parts])
+    return BlockLinear(None, weight, parts if len(parts) > 1 else parts[0], kernels)
+
+
+@pytest.mark.parametrize("kinds", [(["Q4_1"], ["Q4_1"]), (["Q8_0"], ["Q4_1"]),
+                                   (["Q4_1", "Q8_0"], ["Q8_0"])])
 @pytest.mark.parametrize("rows", [1, 5, 13, KERNEL_ROWS, KERNEL_ROWS + 1])
-def test_fused_mlp_equals_the_two_projections(kernels, rows):
+def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds):
     """down(silu(gate(x)) * up(x)) in one native call equals the module's own path
-    (13 rows: a full tile of 8 and a partial one)."""
+    (13 rows: a full tile of 8 and a partial one), for Q4_1 weights (one fused sweep)
+    and for other kinds and mixed ones (gate and up products, then SiLU)."""
     hidden, inter = 64, 96
     mlp = GatedMLP(hidden, inter, "silu", bias=False)
-    gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))
-    down = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", hidden, inter, seed=2))
-    mlp.gate_up_proj = BlockLinear(None, gate_up.dequantize(), gate_up, kernels)
-    mlp.down_proj = BlockLinear(None, down.dequantize(), down, kernels)
+    mlp.gate_up_proj = block_linear(kernels, kinds[0], 2 * inter, hidden, seed=1)
+    mlp.down_proj = block_linear(kernels, kinds[1], hidden, inter, seed=5)
+    assert mlp.gate_up_proj.kind == (kinds[0][0] if len(kinds[0]) == 1 else "mixed")
     assert FusedBlockMLP.applies(mlp)
     x = torch.randn(rows, hidden)
     unfused = mlp(x)

@@ -1,0 +1,108 @@
+"""GGUF copies of the default model with its layers' weights re-quantized, for the
+tests of block kinds no packaged file holds (Q5_1, Q5_K, Q8_0, mixtures of kinds
+within a layer and within one fused projection, as Q4_K_M and Q5_K_M files have).
+
+`write_requantized` copies every metadata field and tensor of a GGUF file, passing
+each attention and MLP weight (dequantized by gguf-py) through a choice of encoding.
+gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 but only dequantizes the K types,
+so `quantize_q5_k` here writes Q5_K itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import Callable
+
+import numpy as np
+
+Encode = Callable[[str, int, np.ndarray], tuple[np.ndarray, object]]
+"""(tensor name, layer index, fp32 weights [rows, K]) -> (GGUF bytes, quantization type)."""
+
+
+def quantize_q5_k(weights: np.ndarray) -> np.ndarray:
+    """fp32 [rows, K] (K a multiple of 256) -> Q5_K bytes [rows, K / 256 * 176]: per
+    32 weights a 6-bit scale and minimum under the super-block's fp16 d and dmin,
+    codes 0..31 (round to nearest; not llama.cpp's search, just a valid encoding)."""
+    rows = weights.shape[0]
+    w = weights.reshape(rows, -1, 8, 32).astype(np.float32)          # [R, S, sub, 32]
+    low, high = np.minimum(w.min(-1), 0.0), w.max(-1)
+    step, floor = np.maximum(high - low, 1e-8) / 31, -low               # [R, S, 8]
+    d = (step.max(-1) / 63).astype(np.float16)
+    dmin = np.maximum(floor.max(-1) / 63, 1e-8).astype(np.float16)
+    sc = np.clip(np.rint(step / d[..., None].astype(np.float32)), 1, 63).astype(np.uint8)
+    mn = np.clip(np.rint(floor / dmin[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
+    scale = d[..., None].astype(np.float32) * sc
+    minimum = dmin[..., None].astype(np.float32) * mn
+    q = np.clip(np.rint((w + minimum[..., None]) / scale[..., None]), 0, 31).astype(np.uint8)
+    packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+                             mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                             (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)], axis=-1)
+    pairs = q.reshape(rows, -1, 4, 2, 32)                             # chunk c, half h
+    codes = (pairs[:, :, :, 0] & 15) | ((pairs[:, :, :, 1] & 15) << 4)  # [R, S, 4, 32]
+    bits = (pairs >> 4) << np.arange(8, dtype=np.uint8).reshape(4, 2, 1)   # bit 2c + h
+    fifth = np.bitwise_or.reduce(bits.reshape(rows, -1, 8, 32), axis=2)  # [R, S, 32]
+    blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8),
+                             packed, fifth, codes.reshape(rows, -1, 128)], axis=-1)
+    return blocks.reshape(rows, -1)
+
+
+def write_requantized(source, target, encode: Encode) -> collections.Counter:
+    """The GGUF file at `source` copied to `target` with every attention and MLP
+    weight of its layers re-encoded by `encode`; returns the count of each type written."""
+    import gguf
+    from gguf import GGMLQuantizationType as Type, quants
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(target, arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    tensors, written = [], collections.Counter()
+    for tensor in reader.tensors:
+        data, kind = tensor.data, tensor.tensor_type
+        layer = re.match(r"blk\.(\d+)\.", tensor.name)
+        if layer and any(part in tensor.name for part in ("attn_", "ffn_")) and data.ndim == 2 \
+                and kind not in (Type.F32, Type.F16):
+            data, kind = encode(tensor.name, int(layer.group(1)), quants.dequantize(data, kind))
+        written[kind.name] += 1
+        tensors.append(data)
+        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for data in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+    return written
+
+
+def quantized(weights: np.ndarray, kind_name: str) -> tuple[np.ndarray, object]:
+    """gguf-py's encoding of `weights` in the named type, or quantize_q5_k's for Q5_K."""
+    from gguf import GGMLQuantizationType as Type, quants
+
+    if kind_name == "Q5_K":
+        return quantize_q5_k(weights), Type.Q5_K
+    return quants.quantize(weights, Type[kind_name]), Type[kind_name]
+
+
+def q5_encoding(name: str, layer: int, weights: np.ndarray):
+    """Q5_K for rows of whole 256-weight super-blocks (the down projections), Q5_1 else."""
+    return quantized(weights, "Q5_K" if weights.shape[1] % 256 == 0 else "Q5_1")
+
+
+MIXED_KINDS = {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q5_1",
+               "ffn_gate": ("Q8_0", "Q4_1"), "ffn_up": ("Q8_0", "Q4_1"),
+               "ffn_down": ("Q5_K", "Q8_0")}
+"""Each weight's type in `mixed_encoding`; pairs are (even layers, odd layers)."""
+
+
+def mixed_encoding(name: str, layer: int, weights: np.ndarray):
+    """Every kernel form in one model: a fused qkv of two kinds (Q4_1 q and k, Q8_0 v),
+    a Q5_1 o projection, MLPs that change kinds from layer to layer."""
+    kind = MIXED_KINDS[name.split(".")[2]]
+    return quantized(weights, kind if isinstance(kind, str) else kind[layer % 2])
