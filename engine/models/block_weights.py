@@ -138,8 +138,8 @@ class BlockLinear(nn.Module):
 
 class FusedBlockMLP:
     """A GatedMLP whose gate/up and down projections are BlockLinears (any kinds)
-    without bias, with SiLU: steps of up to `max_rows` rows (the smaller of the two
-    projections') run the whole MLP in one native call (kernels/block_layers.py: one
+    without bias, with SiLU: steps of up to the smaller of the two projections'
+    `max_rows` run the whole MLP in one native call (kernels/block_layers.py: one
     crossing into C instead of three, no torch ops between; Q4_1 weights fuse gate,
     up and SiLU into one sweep)."""
 
