@@ -4,6 +4,8 @@ within a layer and within one fused projection, as Q4_K_M and Q5_K_M files have)
 
 `write_requantized` copies every metadata field and tensor of a GGUF file, passing
 each attention and MLP weight (dequantized by gguf-py) through a choice of encoding.
+`write_as_qwen2` copies it as a Qwen2 model instead: the same blocks, q and k in the
+order Qwen2 files keep them, and a bias on q, k and v.
 gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 but only dequantizes the K types,
 so `quantize_q5_k` here writes Q5_K itself.
 """
@@ -79,6 +81,59 @@ def write_requantized(source, target, encode: Encode) -> collections.Counter:
         writer.write_tensor_data(data)
     writer.close()
     return written
+
+
+def _unpermuted(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """q or k rows (any per-row encoding) from llama.cpp's RoPE order back to the
+    model's, as transformers' GGUF loader reorders Llama files (Qwen2 files are not
+    reordered)."""
+    dim = rows.shape[0] // num_heads // 2
+    index = np.arange(rows.shape[0]).reshape(num_heads, dim, 2).swapaxes(1, 2).reshape(-1)
+    return rows[index]
+
+
+def write_as_qwen2(source, target, seed: int = 0, bias_scale: float = 0.5) -> int:
+    """The Llama GGUF file at `source` copied to `target` as a Qwen2 model: "llama."
+    keys renamed "qwen2.", q and k rows in the model's order, and fp32 biases on q, k
+    and v (normal, `bias_scale` standard deviation, from `seed`). Returns the biases
+    written. Its dense weights are the source's plus the biases."""
+    import gguf
+    from gguf import GGMLQuantizationType as Type
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "qwen2")
+    heads = {}
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        name = "qwen2." + field.name[len("llama."):] if field.name.startswith("llama.") \
+            else field.name
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), value_type, sub_type=sub_type)
+        if name in ("qwen2.attention.head_count", "qwen2.attention.head_count_kv"):
+            heads[name.rsplit(".", 1)[1]] = int(field.contents())
+    generator = np.random.default_rng(seed)
+    tensors = []
+    for tensor in reader.tensors:
+        data = tensor.data
+        for part, count in (("attn_q.weight", "head_count"), ("attn_k.weight", "head_count_kv")):
+            if tensor.name.endswith(part):
+                data = _unpermuted(data, heads[count])
+        tensors.append((tensor.name, data, tensor.tensor_type))
+        if re.search(r"\.attn_[qkv]\.weight$", tensor.name):
+            rows = tensor.shape[-1] if tensor.data.ndim == 2 else tensor.shape[0]
+            bias = (generator.standard_normal(int(rows)) * bias_scale).astype(np.float32)
+            tensors.append((tensor.name.replace(".weight", ".bias"), bias, Type.F32))
+    for name, data, kind in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+    return sum(name.endswith(".bias") for name, _, _ in tensors)
 
 
 def quantized(weights: np.ndarray, kind_name: str) -> tuple[np.ndarray, object]:

@@ -36,7 +36,8 @@ class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
                 ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
                 ("qkv", BlockWeight), ("o", BlockWeight), ("gate_up", BlockWeight),
-                ("down", BlockWeight), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
+                ("down", BlockWeight), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
+                ("qkv_bias", ctypes.c_void_p)]
 
 
 def native_weight(linear) -> BlockWeight:
@@ -81,15 +82,16 @@ def attention_half(kernels, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tenso
                    heads: int, scale: float) -> torch.Tensor:
     """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T requests,
     writing their new K/V into the flat caches [slots, KVH, D] first (decode_layer.c).
-    x [T, hidden]; cos, sin [T, D]; the projections are BlockLinears (qkv, o without
-    bias); slots, lengths as in paged_decode_attention. The caller guarantees fp32,
+    x [T, hidden]; cos, sin [T, D]; the projections are BlockLinears (qkv with or
+    without its fp32 bias, o without); slots, lengths as in paged_decode_attention. The caller guarantees fp32,
     CPU, contiguous tensors (models/fast_decode.py's FastDecodeLayer)."""
     tokens, hidden = x.shape
     kv_heads, dim = keys.shape[1], keys.shape[2]
     y = torch.empty(tokens, hidden, dtype=torch.float32)
     _check(kernels.library.block_attention_half(
         x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
-        ctypes.addressof(native_weight(qkv)), cos.data_ptr(), sin.data_ptr(),
+        ctypes.addressof(native_weight(qkv)), None if qkv.bias is None else qkv.bias.data_ptr(),
+        cos.data_ptr(), sin.data_ptr(),
         slot_mapping.data_ptr(), keys.data_ptr(), values.data_ptr(),
         int(keys.dtype == torch.bfloat16), slots.data_ptr(), lengths.data_ptr(),
         slots.shape[1], heads, kv_heads, dim, scale, ctypes.addressof(native_weight(o_proj)),

@@ -11,12 +11,14 @@
 
 #include "kernels.h"
 
-/* y = x + o_proj(attention(rope(qkv_proj(rms_norm(x))))) for `tokens` decode requests,
- * writing each token's new K/V to its cache slot first. x, y [tokens, hidden];
- * cos, sin [tokens, dim]; the decode context as in paged_decode_attention. */
+/* y = x + o_proj(attention(rope(qkv_proj(rms_norm(x)) [+ qkv_bias]))) for `tokens`
+ * decode requests, writing each token's new K/V to its cache slot first. x, y
+ * [tokens, hidden]; qkv_bias [(heads + 2 kv_heads) dim] (Qwen2) or NULL, added to
+ * every row as BlockLinear adds it; cos, sin [tokens, dim]; the decode context as in
+ * paged_decode_attention. */
 int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
                          const float *norm_weight, float eps, const BlockWeight *qkv_proj,
-                         const float *cos, const float *sin, const int64_t *slot_mapping,
+                         const float *qkv_bias, const float *cos, const float *sin, const int64_t *slot_mapping,
                          void *keys, void *values, int kv_bf16, const int64_t *slots,
                          const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
                          int64_t dim, float scale, const BlockWeight *o_proj, float *y,
@@ -30,6 +32,8 @@ int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
     if (h && qkv && context) {
         rms_norm_rows(x, tokens, hidden, norm_weight, eps, h);
         status = block_weight_gemm(qkv_proj, h, tokens, hidden, qkv, width_qkv, num_threads);
+        for (int64_t t = 0; !status && qkv_bias && t < tokens; t++)
+            for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += qkv_bias[i];
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys,
                             values, kv_bf16);
@@ -70,6 +74,7 @@ typedef struct {
     float input_eps, post_eps;
     BlockWeight qkv, o, gate_up, down;
     void *keys, *values;             /* this layer's flat cache [slots, KVH, D] */
+    const float *qkv_bias;           /* [(H + 2 KVH) D] (Qwen2), or NULL */
 } BlockStackLayer;
 
 /* x [tokens, hidden] in, the last layer's output out (in place); the rest as in
@@ -85,7 +90,7 @@ int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers, int64
     for (int64_t l = 0; !status && l < num_layers; l++) {
         const BlockStackLayer *layer = &layers[l];
         status = block_attention_half(x, tokens, hidden, layer->input_norm, layer->input_eps,
-                                      &layer->qkv, cos, sin, slot_mapping, layer->keys,
+                                      &layer->qkv, layer->qkv_bias, cos, sin, slot_mapping, layer->keys,
                                       layer->values, kv_bf16, slots, lengths, width, heads,
                                       kv_heads, dim, scale, &layer->o, y, num_threads);
         if (!status)

@@ -8,7 +8,7 @@ step of at most the projections' `max_rows` requests (MAX_KERNEL_ROWS,
 BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
 
     h = rms_norm(x)
-    q, k, v = split(qkv_kernel(h)); rotate q and k
+    q, k, v = split(qkv_kernel(h) [+ qkv bias]); rotate q and k
     write k, v to their cache slots
     a = attention_kernel(q, paged cache)    reads the pages in place
     x = x + o_kernel(a)
@@ -17,7 +17,8 @@ BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
 The whole layer is two native calls (kernels/block_layers.py), `attention_half`
 (norm, qkv, RoPE, cache write, attention, o_proj, residual) and `mlp_half` (norm,
 gated MLP, residual), with the modules' arithmetic in the same order (the norm and
-RoPE written in C). Any other step (prefill rows, more rows, a partial RoPE, sliding
+RoPE written in C; Qwen2's qkv bias added after the qkv kernel, as BlockLinear adds
+it). Any other step (prefill rows, more rows, a partial RoPE, sliding
 layers) returns None and the modules run. When every layer of the model has one,
 FastDecodeStack runs them all in one native call (decode_layer.c's
 block_decoder_stack, the same halves in a C loop).
@@ -51,12 +52,17 @@ class FastDecodeLayer:
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
-        """Llama-style layer (two plain RMSNorms, no q/k norm, full attention, no
-        attention bias) whose projections and MLP all run on blocks."""
+        """Llama-style layer (two plain RMSNorms, no q/k norm, full attention, no bias
+        but an fp32 one on qkv, as Qwen2's) whose projections and MLP all run on
+        blocks."""
         attn = layer.self_attn
+        qkv_bias = getattr(attn.qkv_proj, "bias", None)
         return (getattr(attn, "q_norm", None) is None and not attn.is_sliding
-                and all(isinstance(p, BlockLinear) and p.bias is None
-                        for p in (attn.qkv_proj, attn.o_proj))
+                and all(isinstance(p, BlockLinear) for p in (attn.qkv_proj, attn.o_proj))
+                and attn.o_proj.bias is None
+                and (qkv_bias is None or (qkv_bias.dtype == torch.float32
+                                          and qkv_bias.device.type == "cpu"
+                                          and qkv_bias.is_contiguous()))
                 and isinstance(getattr(layer.mlp, "fused", None), FusedBlockMLP)
                 and not layer.input_layernorm.offset
                 and not layer.post_attention_layernorm.offset
@@ -132,8 +138,10 @@ class FastDecodeStack:
     @staticmethod
     def _entry(layer: FastDecodeLayer) -> BlockStackLayer:
         first, second = layer.norms
+        bias = layer.attn.qkv_proj.bias
         return BlockStackLayer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
-                               second.eps, *(native_weight(p) for p in layer.projections))
+                               second.eps, *(native_weight(p) for p in layer.projections),
+                               qkv_bias=None if bias is None else bias.data_ptr())
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
