@@ -49,6 +49,34 @@ def quantize_q5_k(weights: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+def _copy_fields(reader, target, arch: str, rename: Callable[[str], str] = str):
+    """A GGUFWriter for `target` holding every metadata field of `reader` (under
+    rename(name)), its architecture `arch`."""
+    import gguf
+
+    writer = gguf.GGUFWriter(target, arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(rename(field.name), field.contents(), value_type,
+                             sub_type=sub_type)
+    return writer
+
+
+def _write_tensors(writer, tensors: list[tuple[str, np.ndarray, object]]) -> None:
+    """(name, GGUF bytes or values, quantization type) in order, then the file closed."""
+    for name, data, kind in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+
+
 def write_requantized(source, target, encode: Encode) -> collections.Counter:
     """The GGUF file at `source` copied to `target` with every attention and MLP
     weight of its layers re-encoded by `encode`; returns the count of each type written."""
@@ -56,14 +84,7 @@ def write_requantized(source, target, encode: Encode) -> collections.Counter:
     from gguf import GGMLQuantizationType as Type, quants
 
     reader = gguf.GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(target, arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    writer = _copy_fields(reader, target, reader.fields["general.architecture"].contents())
     tensors, written = [], collections.Counter()
     for tensor in reader.tensors:
         data, kind = tensor.data, tensor.tensor_type
@@ -72,14 +93,8 @@ def write_requantized(source, target, encode: Encode) -> collections.Counter:
                 and kind not in (Type.F32, Type.F16):
             data, kind = encode(tensor.name, int(layer.group(1)), quants.dequantize(data, kind))
         written[kind.name] += 1
-        tensors.append(data)
-        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for data in tensors:
-        writer.write_tensor_data(data)
-    writer.close()
+        tensors.append((tensor.name, data, kind))
+    _write_tensors(writer, tensors)
     return written
 
 
@@ -101,18 +116,9 @@ def write_as_qwen2(source, target, seed: int = 0, bias_scale: float = 0.5) -> in
     from gguf import GGMLQuantizationType as Type
 
     reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(target, "qwen2")
-    heads = {}
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        name = "qwen2." + field.name[len("llama."):] if field.name.startswith("llama.") \
-            else field.name
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), value_type, sub_type=sub_type)
-        if name in ("qwen2.attention.head_count", "qwen2.attention.head_count_kv"):
-            heads[name.rsplit(".", 1)[1]] = int(field.contents())
+    writer = _copy_fields(reader, target, "qwen2", lambda name: re.sub(r"^llama\.", "qwen2.", name))
+    heads = {count: int(reader.fields[f"llama.attention.{count}"].contents())
+             for count in ("head_count", "head_count_kv")}
     generator = np.random.default_rng(seed)
     tensors = []
     for tensor in reader.tensors:
@@ -122,17 +128,10 @@ def write_as_qwen2(source, target, seed: int = 0, bias_scale: float = 0.5) -> in
                 data = _unpermuted(data, heads[count])
         tensors.append((tensor.name, data, tensor.tensor_type))
         if re.search(r"\.attn_[qkv]\.weight$", tensor.name):
-            rows = tensor.shape[-1] if tensor.data.ndim == 2 else tensor.shape[0]
-            bias = (generator.standard_normal(int(rows)) * bias_scale).astype(np.float32)
+            rows = int(tensor.shape[-1])                  # GGUF shapes: [K, rows]
+            bias = (generator.standard_normal(rows) * bias_scale).astype(np.float32)
             tensors.append((tensor.name.replace(".weight", ".bias"), bias, Type.F32))
-    for name, data, kind in tensors:
-        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for _, data, _ in tensors:
-        writer.write_tensor_data(data)
-    writer.close()
+    _write_tensors(writer, tensors)
     return sum(name.endswith(".bias") for name, _, _ in tensors)
 
 

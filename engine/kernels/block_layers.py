@@ -83,8 +83,9 @@ def attention_half(kernels, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tenso
     """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T requests,
     writing their new K/V into the flat caches [slots, KVH, D] first (decode_layer.c).
     x [T, hidden]; cos, sin [T, D]; the projections are BlockLinears (qkv with or
-    without its fp32 bias, o without); slots, lengths as in paged_decode_attention. The caller guarantees fp32,
-    CPU, contiguous tensors (models/fast_decode.py's FastDecodeLayer)."""
+    without its fp32 bias, o without); slots, lengths as in paged_decode_attention.
+    The caller guarantees fp32, CPU, contiguous tensors (models/fast_decode.py's
+    FastDecodeLayer)."""
     tokens, hidden = x.shape
     kv_heads, dim = keys.shape[1], keys.shape[2]
     y = torch.empty(tokens, hidden, dtype=torch.float32)

@@ -18,11 +18,11 @@
  * paged_decode_attention. */
 int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
                          const float *norm_weight, float eps, const BlockWeight *qkv_proj,
-                         const float *qkv_bias, const float *cos, const float *sin, const int64_t *slot_mapping,
-                         void *keys, void *values, int kv_bf16, const int64_t *slots,
-                         const int64_t *lengths, int64_t width, int64_t heads, int64_t kv_heads,
-                         int64_t dim, float scale, const BlockWeight *o_proj, float *y,
-                         int num_threads) {
+                         const float *qkv_bias, const float *cos, const float *sin,
+                         const int64_t *slot_mapping, void *keys, void *values, int kv_bf16,
+                         const int64_t *slots, const int64_t *lengths, int64_t width,
+                         int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                         const BlockWeight *o_proj, float *y, int num_threads) {
     if (tokens <= 0) return 0;
     const int64_t width_qkv = (heads + 2 * kv_heads) * dim;
     float *h = malloc(sizeof(float) * tokens * hidden);
@@ -90,9 +90,10 @@ int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers, int64
     for (int64_t l = 0; !status && l < num_layers; l++) {
         const BlockStackLayer *layer = &layers[l];
         status = block_attention_half(x, tokens, hidden, layer->input_norm, layer->input_eps,
-                                      &layer->qkv, layer->qkv_bias, cos, sin, slot_mapping, layer->keys,
-                                      layer->values, kv_bf16, slots, lengths, width, heads,
-                                      kv_heads, dim, scale, &layer->o, y, num_threads);
+                                      &layer->qkv, layer->qkv_bias, cos, sin, slot_mapping,
+                                      layer->keys, layer->values, kv_bf16, slots, lengths,
+                                      width, heads, kv_heads, dim, scale, &layer->o, y,
+                                      num_threads);
         if (!status)
             status = block_mlp_half(y, tokens, hidden, layer->post_norm, layer->post_eps,
                                     &layer->gate_up, intermediate, &layer->down, x,

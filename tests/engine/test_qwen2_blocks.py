@@ -19,6 +19,7 @@ from tests.engine.test_packed_stack import decodes, run_stack_and_loop
 from tests.gguf_copies import write_as_qwen2
 from tests.helpers import assert_blocks_decode_like_dense
 
+
 @pytest.fixture(scope="module")
 def qwen2_path(tmp_path_factory):
     from engine.loading import resolve_embedded
@@ -27,9 +28,11 @@ def qwen2_path(tmp_path_factory):
     assert write_as_qwen2(resolve_embedded("smollm2-135m-instruct"), path) == 3 * 30
     return path
 
+
 @pytest.fixture(scope="module")
 def qwen2(qwen2_path):
     return load_model(str(qwen2_path), progress=False)
+
 
 def test_every_qwen2_layer_with_its_bias_is_on_the_stack(qwen2):
     assert qwen2.config.model_type == "qwen2"
@@ -38,6 +41,7 @@ def test_every_qwen2_layer_with_its_bias_is_on_the_stack(qwen2):
     assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
     bias = layers[0].self_attn.qkv_proj.bias
     assert bias is not None and bias.shape == (576 + 2 * 192,) and bias.abs().min() > 0
+
 
 def test_the_qwen2_stack_is_bit_identical_to_its_fast_layers(qwen2):
     stack = qwen2.module.layer_stacks[0]
@@ -48,12 +52,12 @@ def test_the_qwen2_stack_is_bit_identical_to_its_fast_layers(qwen2):
                                            _batch(qwen2.config.vocab_size, [(0, 5)]))
     assert identical and not served
 
+
 def test_a_qwen2_fast_layer_adds_the_bias_as_the_modules_do(qwen2):
     """One decode step through the fast layers against the same layers' modules (the
     blocks both ways: only the fused path differs)."""
     module, stacks = qwen2.module, qwen2.module.layer_stacks
     fast = [layer.fast_decode for layer in module.layers]
-
     runs, results = StepRuns(qwen2, decodes(qwen2, 3), seed=4), []
     module.layer_stacks = []
     try:
@@ -67,6 +71,7 @@ def test_a_qwen2_fast_layer_adds_the_bias_as_the_modules_do(qwen2):
             layer.fast_decode = path
     (fused, _), (modules, _) = results
     torch.testing.assert_close(fused, modules, rtol=1e-5, atol=1e-5)
+
 
 @pytest.mark.slow
 def test_a_qwen2_gguf_model_decodes_like_the_dense_path(qwen2, qwen2_path):
