@@ -48,9 +48,9 @@ def test_the_qwen2_stack_is_bit_identical_to_its_fast_layers(qwen2):
     for rows in (1, 3, stack.max_rows):
         identical, served = run_stack_and_loop(qwen2, FastDecodeStack, decodes(qwen2, rows))
         assert served and identical, rows
-    identical, served = run_stack_and_loop(qwen2, FastDecodeStack,
-                                           _batch(qwen2.config.vocab_size, [(0, 5)]))
-    assert identical and not served
+    for batch in (decodes(qwen2, stack.max_rows + 1), _batch(qwen2.config.vocab_size, [(0, 5)])):
+        identical, served = run_stack_and_loop(qwen2, FastDecodeStack, batch)
+        assert identical and not served
 
 
 def test_a_qwen2_fast_layer_adds_the_bias_as_the_modules_do(qwen2):
