@@ -135,6 +135,60 @@ def write_as_qwen2(source, target, seed: int = 0, bias_scale: float = 0.5) -> in
     return sum(name.endswith(".bias") for name, _, _ in tensors)
 
 
+TINY_QWEN3 = {"embedding_length": 256, "feed_forward_length": 512, "block_count": 2,
+              "attention.head_count": 4, "attention.head_count_kv": 2}
+"""The tiny Qwen3's shape: heads of 128 (transformers' Qwen3 default, which its GGUF
+reader keeps: the file has no key for it), so q and the attention output are 512
+wide beside a hidden size of 256."""
+
+
+def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
+    """A random 2-layer Qwen3 model (TINY_QWEN3; RMSNorms of every q and k head) at
+    `target`, its projections in `kind`, its embeddings in Q8_0 and tied, with the
+    tokenizer and chat template of the GGUF file at `source`. Weights are normal with
+    standard deviation 0.15, norms near 1, so its logits spread as a trained model's."""
+    import gguf
+    from gguf import GGMLQuantizationType as Type
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "qwen3")
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer.") or field.name == "general.name":
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    shape = dict(TINY_QWEN3, context_length=4096, vocab_size=vocab)
+    for key, value in shape.items():
+        writer.add_uint32(f"qwen3.{key}", value)
+    writer.add_float32("qwen3.rope.freq_base", 1_000_000.0)
+    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", 1e-6)
+    generator = np.random.default_rng(seed)
+    hidden, inter = shape["embedding_length"], shape["feed_forward_length"]
+    heads, kv_heads, dim = shape["attention.head_count"], shape["attention.head_count_kv"], 128
+
+    def weights(rows: int, cols: int) -> np.ndarray:
+        return (generator.standard_normal((rows, cols)) * 0.15).astype(np.float32)
+
+    def norm(size: int) -> np.ndarray:
+        return (1.0 + generator.standard_normal(size) * 0.1).astype(np.float32)
+
+    tensors = [("token_embd.weight", *quantized(weights(vocab, hidden), "Q8_0")),
+               ("output_norm.weight", norm(hidden), Type.F32)]
+    for layer in range(shape["block_count"]):
+        blk = f"blk.{layer}."
+        tensors += [(blk + "attn_norm.weight", norm(hidden), Type.F32),
+                    (blk + "ffn_norm.weight", norm(hidden), Type.F32),
+                    (blk + "attn_q_norm.weight", norm(dim), Type.F32),
+                    (blk + "attn_k_norm.weight", norm(dim), Type.F32)]
+        for name, rows, cols in (("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
+                                 ("attn_v", kv_heads * dim, hidden),
+                                 ("attn_output", hidden, heads * dim), ("ffn_gate", inter, hidden),
+                                 ("ffn_up", inter, hidden), ("ffn_down", hidden, inter)):
+            tensors.append((blk + name + ".weight", *quantized(weights(rows, cols), kind)))
+    _write_tensors(writer, tensors)
+
+
 def quantized(weights: np.ndarray, kind_name: str) -> tuple[np.ndarray, object]:
     """gguf-py's encoding of `weights` in the named type, or quantize_q5_k's for Q5_K."""
     from gguf import GGMLQuantizationType as Type, quants

@@ -37,7 +37,8 @@ class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
                 ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
                 ("qkv", BlockWeight), ("o", BlockWeight), ("gate_up", BlockWeight),
                 ("down", BlockWeight), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
-                ("qkv_bias", ctypes.c_void_p)]
+                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float)]
 
 
 def native_weight(linear) -> BlockWeight:
@@ -79,20 +80,24 @@ def gated_mlp(kernels, x: torch.Tensor, gate_up, down) -> torch.Tensor:
 def attention_half(kernels, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tensor,
                    sin: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
-                   heads: int, scale: float) -> torch.Tensor:
+                   heads: int, scale: float, head_norms: tuple = (None, None)) -> torch.Tensor:
     """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T requests,
     writing their new K/V into the flat caches [slots, KVH, D] first (decode_layer.c).
     x [T, hidden]; cos, sin [T, D]; the projections are BlockLinears (qkv with or
-    without its fp32 bias, o without); slots, lengths as in paged_decode_attention.
+    without its fp32 bias, o without); slots, lengths as in paged_decode_attention;
+    head_norms: Qwen3's RMSNorms (q_norm, k_norm) of every q and k head, or Nones.
     The caller guarantees fp32, CPU, contiguous tensors (models/fast_decode.py's
     FastDecodeLayer)."""
     tokens, hidden = x.shape
     kv_heads, dim = keys.shape[1], keys.shape[2]
     y = torch.empty(tokens, hidden, dtype=torch.float32)
+    q_norm, k_norm = head_norms
     _check(kernels.library.block_attention_half(
         x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
         ctypes.addressof(native_weight(qkv)), None if qkv.bias is None else qkv.bias.data_ptr(),
-        cos.data_ptr(), sin.data_ptr(),
+        None if q_norm is None else q_norm.weight.data_ptr(),
+        None if k_norm is None else k_norm.weight.data_ptr(),
+        0.0 if q_norm is None else q_norm.eps, cos.data_ptr(), sin.data_ptr(),
         slot_mapping.data_ptr(), keys.data_ptr(), values.data_ptr(),
         int(keys.dtype == torch.bfloat16), slots.data_ptr(), lengths.data_ptr(),
         slots.shape[1], heads, kv_heads, dim, scale, ctypes.addressof(native_weight(o_proj)),

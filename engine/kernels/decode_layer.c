@@ -11,14 +11,16 @@
 
 #include "kernels.h"
 
-/* y = x + o_proj(attention(rope(qkv_proj(rms_norm(x)) [+ qkv_bias]))) for `tokens`
- * decode requests, writing each token's new K/V to its cache slot first. x, y
+/* y = x + o_proj(attention(rope(qk_norms(qkv_proj(rms_norm(x)) [+ qkv_bias])))) for
+ * `tokens` decode requests, writing each token's new K/V to its cache slot first. x, y
  * [tokens, hidden]; qkv_bias [(heads + 2 kv_heads) dim] (Qwen2) or NULL, added to
- * every row as BlockLinear adds it; cos, sin [tokens, dim]; the decode context as in
- * paged_decode_attention. */
+ * every row as BlockLinear adds it; q_norm, k_norm [dim] (Qwen3: an RMSNorm of every
+ * q head and k head, eps qk_eps) or NULL; cos, sin [tokens, dim]; the decode context
+ * as in paged_decode_attention. */
 int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
                          const float *norm_weight, float eps, const BlockWeight *qkv_proj,
-                         const float *qkv_bias, const float *cos, const float *sin,
+                         const float *qkv_bias, const float *q_norm, const float *k_norm,
+                         float qk_eps, const float *cos, const float *sin,
                          const int64_t *slot_mapping, void *keys, void *values, int kv_bf16,
                          const int64_t *slots, const int64_t *lengths, int64_t width,
                          int64_t heads, int64_t kv_heads, int64_t dim, float scale,
@@ -34,6 +36,11 @@ int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
         status = block_weight_gemm(qkv_proj, h, tokens, hidden, qkv, width_qkv, num_threads);
         for (int64_t t = 0; !status && qkv_bias && t < tokens; t++)
             for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += qkv_bias[i];
+        for (int64_t t = 0; !status && q_norm && k_norm && t < tokens; t++) {
+            float *row = qkv + t * width_qkv;
+            rms_norm_rows(row, heads, dim, q_norm, qk_eps, row);
+            rms_norm_rows(row + heads * dim, kv_heads, dim, k_norm, qk_eps, row + heads * dim);
+        }
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys,
                             values, kv_bf16);
@@ -75,6 +82,8 @@ typedef struct {
     BlockWeight qkv, o, gate_up, down;
     void *keys, *values;             /* this layer's flat cache [slots, KVH, D] */
     const float *qkv_bias;           /* [(H + 2 KVH) D] (Qwen2), or NULL */
+    const float *q_norm, *k_norm;    /* [D] each (Qwen3), or NULL */
+    float qk_eps;
 } BlockStackLayer;
 
 /* x [tokens, hidden] in, the last layer's output out (in place); the rest as in
@@ -90,7 +99,8 @@ int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers, int64
     for (int64_t l = 0; !status && l < num_layers; l++) {
         const BlockStackLayer *layer = &layers[l];
         status = block_attention_half(x, tokens, hidden, layer->input_norm, layer->input_eps,
-                                      &layer->qkv, layer->qkv_bias, cos, sin, slot_mapping,
+                                      &layer->qkv, layer->qkv_bias, layer->q_norm,
+                                      layer->k_norm, layer->qk_eps, cos, sin, slot_mapping,
                                       layer->keys, layer->values, kv_bf16, slots, lengths,
                                       width, heads, kv_heads, dim, scale, &layer->o, y,
                                       num_threads);

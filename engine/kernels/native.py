@@ -20,7 +20,7 @@ SIGNATURES = {
     # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
     "block_gemm": "ipsspppspsi",
-    "block_attention_half": "psspfpppppppippssssfppi", "block_mlp_half": "psspfpsppi",
+    "block_attention_half": "psspfppppfpppppippssssfppi", "block_mlp_half": "psspfpsppi",
     "blocks_gated_mlp": "psspspspi", "paged_decode_attention": "psppipppspsssssfpi",
     "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",

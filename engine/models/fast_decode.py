@@ -8,7 +8,7 @@ step of at most the projections' `max_rows` requests (MAX_KERNEL_ROWS,
 BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
 
     h = rms_norm(x)
-    q, k, v = split(qkv_kernel(h) [+ qkv bias]); rotate q and k
+    q, k, v = split(qkv_kernel(h) [+ qkv bias]); [q, k head norms]; rotate q and k
     write k, v to their cache slots
     a = attention_kernel(q, paged cache)    reads the pages in place
     x = x + o_kernel(a)
@@ -18,7 +18,8 @@ The whole layer is two native calls (kernels/block_layers.py), `attention_half`
 (norm, qkv, RoPE, cache write, attention, o_proj, residual) and `mlp_half` (norm,
 gated MLP, residual), with the modules' arithmetic in the same order (the norm and
 RoPE written in C; Qwen2's qkv bias added after the qkv kernel, as BlockLinear adds
-it). Any other step (prefill rows, more rows, a partial RoPE, sliding
+it; Qwen3's head norms by the same C norm, summed in another order than torch's).
+Any other step (prefill rows, more rows, a partial RoPE, sliding
 layers) returns None and the modules run. When every layer of the model has one,
 FastDecodeStack runs them all in one native call (decode_layer.c's
 block_decoder_stack, the same halves in a C loop).
@@ -43,6 +44,8 @@ class FastDecodeLayer:
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
         self.projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
                             layer.mlp.down_proj)
+        self.head_norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+        """Qwen3's RMSNorms of every q and k head, or (None, None)."""
 
     @property
     def max_rows(self) -> int:
@@ -52,12 +55,13 @@ class FastDecodeLayer:
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
-        """Llama-style layer (two plain RMSNorms, no q/k norm, full attention, no bias
-        but an fp32 one on qkv, as Qwen2's) whose projections and MLP all run on
-        blocks."""
+        """Llama-style layer (two plain RMSNorms, full attention, no bias but an fp32
+        one on qkv, as Qwen2's, plain fp32 RMSNorms of the q and k heads or none, as
+        Qwen3's or not) whose projections and MLP all run on blocks."""
         attn = layer.self_attn
         qkv_bias = getattr(attn.qkv_proj, "bias", None)
-        return (getattr(attn, "q_norm", None) is None and not attn.is_sliding
+        return (_head_norms_fit(getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+                and not attn.is_sliding
                 and all(isinstance(p, BlockLinear) for p in (attn.qkv_proj, attn.o_proj))
                 and attn.o_proj.bias is None
                 and (qkv_bias is None or (qkv_bias.dtype == torch.float32
@@ -86,9 +90,18 @@ class FastDecodeLayer:
         hidden = attention_half(
             self.kernels, hidden, first, attn.qkv_proj, attn.o_proj, cos, sin,
             meta.slot_mapping, flat_keys, flat_values, meta.decode_kv_slots,
-            meta.decode_lengths, attn.num_heads, attn.scale)
+            meta.decode_lengths, attn.num_heads, attn.scale, self.head_norms)
         return mlp_half(self.kernels, hidden, second, self.mlp.gate_up_proj,
                         self.mlp.down_proj)
+
+
+def _head_norms_fit(q_norm, k_norm) -> bool:
+    """No head norms, or a q and a k norm that block_attention_half runs: plain fp32
+    RMSNorms (no Gemma offset) of one eps."""
+    if q_norm is None or k_norm is None:
+        return q_norm is None and k_norm is None
+    return (not q_norm.offset and not k_norm.offset and q_norm.eps == k_norm.eps
+            and all(_is_cpu_fp32(norm.weight) for norm in (q_norm, k_norm)))
 
 
 _last_step: tuple = (None, False)
@@ -138,10 +151,13 @@ class FastDecodeStack:
     @staticmethod
     def _entry(layer: FastDecodeLayer) -> BlockStackLayer:
         first, second = layer.norms
-        bias = layer.attn.qkv_proj.bias
+        bias, (q_norm, k_norm) = layer.attn.qkv_proj.bias, layer.head_norms
         return BlockStackLayer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
                                second.eps, *(native_weight(p) for p in layer.projections),
-                               qkv_bias=None if bias is None else bias.data_ptr())
+                               qkv_bias=None if bias is None else bias.data_ptr(),
+                               q_norm=None if q_norm is None else q_norm.weight.data_ptr(),
+                               k_norm=None if k_norm is None else k_norm.weight.data_ptr(),
+                               qk_eps=0.0 if q_norm is None else q_norm.eps)
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
