@@ -1,11 +1,13 @@
-"""GGUF copies of the default model with its layers' weights re-quantized, for the
-tests of block kinds no packaged file holds (Q5_1, Q5_K, Q8_0, mixtures of kinds
-within a layer and within one fused projection, as Q4_K_M and Q5_K_M files have).
+"""GGUF copies of the default model with its layers' weights re-quantized or its
+architecture changed, for the tests of block kinds and families no packaged file
+holds (Q5_1, Q5_K, Q8_0, mixtures of kinds within a layer and within one fused
+projection, as Q4_K_M and Q5_K_M files have; Qwen2 and Qwen3 layers).
 
 `write_requantized` copies every metadata field and tensor of a GGUF file, passing
 each attention and MLP weight (dequantized by gguf-py) through a choice of encoding.
 `write_as_qwen2` copies it as a Qwen2 model instead: the same blocks, q and k in the
-order Qwen2 files keep them, and a bias on q, k and v.
+order Qwen2 files keep them, and a bias on q, k and v. `write_tiny_qwen3` writes a
+small random Qwen3 model (q and k head norms) with the default model's tokenizer.
 gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 but only dequantizes the K types,
 so `quantize_q5_k` here writes Q5_K itself.
 """
@@ -49,14 +51,16 @@ def quantize_q5_k(weights: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def _copy_fields(reader, target, arch: str, rename: Callable[[str], str] = str):
-    """A GGUFWriter for `target` holding every metadata field of `reader` (under
-    rename(name)), its architecture `arch`."""
+def _copy_fields(reader, target, arch: str, rename: Callable[[str], str] = str,
+                 keep: Callable[[str], bool] = lambda name: True):
+    """A GGUFWriter for `target` holding the metadata fields of `reader` that `keep`
+    (under rename(name)), its architecture `arch`."""
     import gguf
 
     writer = gguf.GGUFWriter(target, arch)
     for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+        if field.name == "general.architecture" or field.name.startswith("GGUF.") \
+                or not keep(field.name):
             continue
         value_type = field.types[0]
         sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
@@ -151,12 +155,8 @@ def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
     from gguf import GGMLQuantizationType as Type
 
     reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(target, "qwen3")
-    for field in reader.fields.values():
-        if field.name.startswith("tokenizer.") or field.name == "general.name":
-            value_type = field.types[0]
-            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    writer = _copy_fields(reader, target, "qwen3", keep=lambda name: name.startswith(
+        "tokenizer.") or name == "general.name")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     shape = dict(TINY_QWEN3, context_length=4096, vocab_size=vocab)
     for key, value in shape.items():
@@ -181,7 +181,8 @@ def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
                     (blk + "ffn_norm.weight", norm(hidden), Type.F32),
                     (blk + "attn_q_norm.weight", norm(dim), Type.F32),
                     (blk + "attn_k_norm.weight", norm(dim), Type.F32)]
-        for name, rows, cols in (("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
+        for name, rows, cols in (("attn_q", heads * dim, hidden),
+                                 ("attn_k", kv_heads * dim, hidden),
                                  ("attn_v", kv_heads * dim, hidden),
                                  ("attn_output", hidden, heads * dim), ("ffn_gate", inter, hidden),
                                  ("ffn_up", inter, hidden), ("ffn_down", hidden, inter)):

@@ -19,8 +19,8 @@ The whole layer is two native calls (kernels/block_layers.py), `attention_half`
 gated MLP, residual), with the modules' arithmetic in the same order (the norm and
 RoPE written in C; Qwen2's qkv bias added after the qkv kernel, as BlockLinear adds
 it; Qwen3's head norms by the same C norm, summed in another order than torch's).
-Any other step (prefill rows, more rows, a partial RoPE, sliding
-layers) returns None and the modules run. When every layer of the model has one,
+Any other step (prefill rows, more rows, a partial RoPE, sliding layers) returns
+None and the modules run. When every layer of the model has one,
 FastDecodeStack runs them all in one native call (decode_layer.c's
 block_decoder_stack, the same halves in a C loop).
 """
@@ -55,9 +55,9 @@ class FastDecodeLayer:
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
-        """Llama-style layer (two plain RMSNorms, full attention, no bias but an fp32
-        one on qkv, as Qwen2's, plain fp32 RMSNorms of the q and k heads or none, as
-        Qwen3's or not) whose projections and MLP all run on blocks."""
+        """Llama-style layer (two plain RMSNorms, full attention) whose projections
+        and MLP all run on blocks, with no bias but an fp32 one on qkv (Qwen2's) and,
+        if any, plain fp32 RMSNorms of the q and k heads (Qwen3's)."""
         attn = layer.self_attn
         qkv_bias = getattr(attn.qkv_proj, "bias", None)
         return (_head_norms_fit(getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
