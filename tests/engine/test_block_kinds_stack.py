@@ -15,8 +15,7 @@ import pytest
 from engine import load_model
 from engine.models.block_weights import BlockLinear
 from engine.models.fast_decode import FastDecodeLayer, FastDecodeStack
-from tests.engine.test_packed_layer import _batch
-from tests.engine.test_packed_stack import decodes, run_stack_and_loop
+from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows
 from tests.gguf_copies import mixed_encoding, write_requantized
 from tests.helpers import assert_blocks_decode_like_dense
 
@@ -51,13 +50,7 @@ def test_every_layer_of_mixed_kinds_is_on_the_stack(mixed):
 
 
 def test_the_stack_of_mixed_kinds_is_bit_identical_to_the_layers(mixed):
-    stack = mixed.module.layer_stacks[0]
-    for rows in (1, 3, stack.max_rows):
-        identical, served = run_stack_and_loop(mixed, FastDecodeStack, decodes(mixed, rows))
-        assert served and identical, rows
-    for batch in (decodes(mixed, stack.max_rows + 1), _batch(mixed.config.vocab_size, [(0, 5)])):
-        identical, served = run_stack_and_loop(mixed, FastDecodeStack, batch)
-        assert identical and not served
+    assert_fast_stack_serves_its_rows(mixed)
 
 
 @pytest.mark.slow

@@ -42,6 +42,18 @@ def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
     return identical, served[0] is not None
 
 
+def assert_fast_stack_serves_its_rows(model) -> None:
+    """The model's FastDecodeStack equals its fast layers bit for bit on decode steps
+    of 1, 3 and max_rows rows, and leaves a step of max_rows + 1 and a prefill to them."""
+    stack = next(s for s in model.module.layer_stacks if isinstance(s, FastDecodeStack))
+    for rows in (1, 3, stack.max_rows):
+        identical, served = run_stack_and_loop(model, FastDecodeStack, decodes(model, rows))
+        assert served and identical, rows
+    for batch in (decodes(model, stack.max_rows + 1), _batch(model.config.vocab_size, [(0, 5)])):
+        identical, served = run_stack_and_loop(model, FastDecodeStack, batch)
+        assert identical and not served
+
+
 @pytest.fixture(scope="module")
 def default_bf16():
     return load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)

@@ -16,8 +16,8 @@ import torch
 
 from engine import load_model
 from engine.models.fast_decode import FastDecodeLayer, FastDecodeStack
-from tests.engine.test_packed_layer import StepRuns, _batch
-from tests.engine.test_packed_stack import decodes, run_stack_and_loop
+from tests.engine.test_packed_layer import StepRuns
+from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows, decodes
 from tests.gguf_copies import write_as_qwen2, write_tiny_qwen3
 from tests.helpers import assert_blocks_decode_like_dense
 
@@ -55,13 +55,7 @@ def test_every_qwen_layer_is_on_the_stack(qwen):
 
 
 def test_the_qwen_stack_is_bit_identical_to_its_fast_layers(qwen):
-    stack = qwen.module.layer_stacks[0]
-    for rows in (1, 3, stack.max_rows):
-        identical, served = run_stack_and_loop(qwen, FastDecodeStack, decodes(qwen, rows))
-        assert served and identical, rows
-    for batch in (decodes(qwen, stack.max_rows + 1), _batch(qwen.config.vocab_size, [(0, 5)])):
-        identical, served = run_stack_and_loop(qwen, FastDecodeStack, batch)
-        assert identical and not served
+    assert_fast_stack_serves_its_rows(qwen)
 
 
 def test_a_qwen_fast_layer_computes_what_its_modules_do(qwen):
