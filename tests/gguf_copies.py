@@ -145,6 +145,17 @@ TINY_QWEN3 = {"embedding_length": 256, "feed_forward_length": 512, "block_count"
 reader keeps: the file has no key for it), so q and the attention output are 512
 wide beside a hidden size of 256."""
 
+TINY_GEMMA3 = {"embedding_length": 128, "feed_forward_length": 256, "block_count": 6,
+               "attention.head_count": 2, "attention.head_count_kv": 1,
+               "attention.key_length": 64, "attention.value_length": 64,
+               "attention.sliding_window": 8}
+"""The tiny Gemma 3's shape: Gemma 3's pattern of five sliding layers to one full
+one, a window of 8 tokens, heads of 64."""
+
+GEMMA3_VOCAB = 4096
+"""The tiny Gemma 3 keeps the first 4,096 tokens of Gemma 3's vocabulary (its special
+and byte tokens among them)."""
+
 
 def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
     """A random 2-layer Qwen3 model (TINY_QWEN3; RMSNorms of every q and k head) at
@@ -152,20 +163,52 @@ def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
     tokenizer and chat template of the GGUF file at `source`. Weights are normal with
     standard deviation 0.15, norms near 1, so its logits spread as a trained model's."""
     import gguf
-    from gguf import GGMLQuantizationType as Type
 
     reader = gguf.GGUFReader(source)
     writer = _copy_fields(reader, target, "qwen3", keep=lambda name: name.startswith(
         "tokenizer.") or name == "general.name")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
-    shape = dict(TINY_QWEN3, context_length=4096, vocab_size=vocab)
-    for key, value in shape.items():
-        writer.add_uint32(f"qwen3.{key}", value)
-    writer.add_float32("qwen3.rope.freq_base", 1_000_000.0)
-    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", 1e-6)
-    generator = np.random.default_rng(seed)
+    _write_random_model(writer, "qwen3", dict(TINY_QWEN3, vocab_size=vocab), 128,
+                        ("attn_norm", "ffn_norm"), kind, np.random.default_rng(seed))
+
+
+def write_tiny_gemma3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
+    """A random 6-layer Gemma 3 model (TINY_GEMMA3: norms on the attention's and the
+    MLP's outputs, q and k head norms, GELU-tanh, sliding and full layers) at
+    `target`, its projections in `kind`, its embeddings in Q8_0 and tied, with the
+    first GEMMA3_VOCAB tokens of the Gemma 3 GGUF file at `source`. Its norms hold
+    values near 1, as Gemma files hold 1 + weight (transformers' reader subtracts the
+    1 again)."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "gemma3")
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer.ggml."):
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            value = field.contents()
+            writer.add_key_value(field.name, value[:GEMMA3_VOCAB] if sub_type else value,
+                                 value_type, sub_type=sub_type)
+    norms = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
+    _write_random_model(writer, "gemma3", dict(TINY_GEMMA3, vocab_size=GEMMA3_VOCAB), 64,
+                        norms, kind, np.random.default_rng(seed))
+
+
+def _write_random_model(writer, arch: str, shape: dict, dim: int, layer_norms: tuple,
+                        kind: str, generator) -> None:
+    """The shape's keys under `arch`, then random weights (normal, standard deviation
+    0.15; norms 1 plus normal values of standard deviation 0.1; q and k head norms of
+    `dim`) into `writer`, which is closed."""
+    from gguf import GGMLQuantizationType as Type
+
+    vocab = shape.pop("vocab_size")
+    for key, value in dict(shape, context_length=4096, vocab_size=vocab).items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     hidden, inter = shape["embedding_length"], shape["feed_forward_length"]
-    heads, kv_heads, dim = shape["attention.head_count"], shape["attention.head_count_kv"], 128
+    heads, kv_heads = shape["attention.head_count"], shape["attention.head_count_kv"]
 
     def weights(rows: int, cols: int) -> np.ndarray:
         return (generator.standard_normal((rows, cols)) * 0.15).astype(np.float32)
@@ -177,9 +220,8 @@ def write_tiny_qwen3(source, target, seed: int = 0, kind: str = "Q4_1") -> None:
                ("output_norm.weight", norm(hidden), Type.F32)]
     for layer in range(shape["block_count"]):
         blk = f"blk.{layer}."
-        tensors += [(blk + "attn_norm.weight", norm(hidden), Type.F32),
-                    (blk + "ffn_norm.weight", norm(hidden), Type.F32),
-                    (blk + "attn_q_norm.weight", norm(dim), Type.F32),
+        tensors += [(blk + name + ".weight", norm(hidden), Type.F32) for name in layer_norms]
+        tensors += [(blk + "attn_q_norm.weight", norm(dim), Type.F32),
                     (blk + "attn_k_norm.weight", norm(dim), Type.F32)]
         for name, rows, cols in (("attn_q", heads * dim, hidden),
                                  ("attn_k", kv_heads * dim, hidden),

@@ -32,13 +32,28 @@ class BlockWeight(ctypes.Structure):      # kernels.h's BlockWeight
     _fields_ = [("num_parts", ctypes.c_int64), ("parts", BlockPart * MAX_WEIGHT_PARTS)]
 
 
+class BlockStackShape(ctypes.Structure):  # decode_layer.c's BlockStackShape
+    _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64),
+                ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+                ("dim", ctypes.c_int64), ("scale", ctypes.c_float), ("kv_bf16", ctypes.c_int),
+                ("activation", ctypes.c_int)]
+
+
+class BlockStackGroup(ctypes.Structure):  # decode_layer.c's BlockStackGroup
+    _fields_ = [("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("slot_mapping", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+                ("lengths", ctypes.c_void_p), ("width", ctypes.c_int64)]
+
+
 class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
                 ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
                 ("qkv", BlockWeight), ("o", BlockWeight), ("gate_up", BlockWeight),
                 ("down", BlockWeight), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
                 ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float)]
+                ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float),
+                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("out_eps", ctypes.c_float), ("group", ctypes.c_int)]
 
 
 def native_weight(linear) -> BlockWeight:
@@ -64,55 +79,34 @@ def _check(status: int, name: str) -> None:
         raise RuntimeError(f"{name} failed ({status})")
 
 
-def gated_mlp(kernels, x: torch.Tensor, gate_up, down) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) in one call; x [rows, K] fp32 contiguous; `gate_up`
+def gated_mlp(kernels, x: torch.Tensor, gate_up, down, activation: int) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) in one call; x [rows, K] fp32 contiguous; `gate_up`
     ([2I, K], gate rows first) and `down` ([N, I]) are BlockLinears without bias, of
-    any kinds -> [rows, N]."""
+    any kinds; activation: a native.GATED_ACTIVATIONS code -> [rows, N]."""
     rows, in_features = x.shape
     y = torch.empty(rows, down.out_features, dtype=torch.float32)
     _check(kernels.library.blocks_gated_mlp(
         x.data_ptr(), rows, in_features, ctypes.addressof(native_weight(gate_up)),
         gate_up.out_features // 2, ctypes.addressof(native_weight(down)), down.out_features,
-        y.data_ptr(), kernels.num_threads), "blocks_gated_mlp")
+        activation, y.data_ptr(), kernels.num_threads), "blocks_gated_mlp")
     return y
 
 
-def attention_half(kernels, x: torch.Tensor, norm, qkv, o_proj, cos: torch.Tensor,
-                   sin: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
-                   values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
-                   heads: int, scale: float, head_norms: tuple = (None, None)) -> torch.Tensor:
-    """x + o_proj(attention(rope(qkv(rms_norm(x))))) for a decode step of T requests,
-    writing their new K/V into the flat caches [slots, KVH, D] first (decode_layer.c).
-    x [T, hidden]; cos, sin [T, D]; the projections are BlockLinears (qkv with or
-    without its fp32 bias, o without); slots, lengths as in paged_decode_attention;
-    head_norms: Qwen3's RMSNorms (q_norm, k_norm) of every q and k head, or Nones.
-    The caller guarantees fp32, CPU, contiguous tensors (models/fast_decode.py's
-    FastDecodeLayer)."""
+def decoder_layer(kernels, x: torch.Tensor, layer: BlockStackLayer, shape: BlockStackShape,
+                  group: BlockStackGroup) -> torch.Tensor:
+    """One decoder layer of a decode step of T requests in two native calls
+    (decode_layer.c's halves): x + [norm](o_proj(attention(...))), writing their new
+    K/V into the layer's caches first, then that + [norm](mlp(rms_norm(...))).
+    x [T, hidden]; `layer` points at the layer's weights and caches, `group` at the
+    step's tensors of its attention group. The caller guarantees fp32, CPU,
+    contiguous tensors (models/fast_decode.py's FastDecodeLayer)."""
     tokens, hidden = x.shape
-    kv_heads, dim = keys.shape[1], keys.shape[2]
-    y = torch.empty(tokens, hidden, dtype=torch.float32)
-    q_norm, k_norm = head_norms
+    attended = torch.empty(tokens, hidden, dtype=torch.float32)
     _check(kernels.library.block_attention_half(
-        x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
-        ctypes.addressof(native_weight(qkv)), None if qkv.bias is None else qkv.bias.data_ptr(),
-        None if q_norm is None else q_norm.weight.data_ptr(),
-        None if k_norm is None else k_norm.weight.data_ptr(),
-        0.0 if q_norm is None else q_norm.eps, cos.data_ptr(), sin.data_ptr(),
-        slot_mapping.data_ptr(), keys.data_ptr(), values.data_ptr(),
-        int(keys.dtype == torch.bfloat16), slots.data_ptr(), lengths.data_ptr(),
-        slots.shape[1], heads, kv_heads, dim, scale, ctypes.addressof(native_weight(o_proj)),
-        y.data_ptr(), kernels.num_threads), "block_attention_half")
-    return y
-
-
-def mlp_half(kernels, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
-    """x + down(silu(gate(h)) * up(h)), h = rms_norm(x): the MLP half of a Llama
-    layer in one call (decode_layer.c); same guarantees as attention_half."""
-    tokens, hidden = x.shape
+        ctypes.byref(layer), ctypes.byref(shape), ctypes.byref(group), x.data_ptr(), tokens,
+        attended.data_ptr(), kernels.num_threads), "block_attention_half")
     y = torch.empty(tokens, hidden, dtype=torch.float32)
     _check(kernels.library.block_mlp_half(
-        x.data_ptr(), tokens, hidden, norm.weight.data_ptr(), norm.eps,
-        ctypes.addressof(native_weight(gate_up)), gate_up.out_features // 2,
-        ctypes.addressof(native_weight(down)), y.data_ptr(), kernels.num_threads),
-        "block_mlp_half")
+        ctypes.byref(layer), ctypes.byref(shape), attended.data_ptr(), tokens, y.data_ptr(),
+        kernels.num_threads), "block_mlp_half")
     return y

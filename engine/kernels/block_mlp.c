@@ -67,7 +67,7 @@ static int panel_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_
     if (gate_up && h) {
         block_panel_gemm(BLOCKS_Q4, x, rows, k, gate_up_q, gate_up_d, gate_up_m,
                          2 * intermediate, gate_up, 2 * intermediate, num_threads);
-        silu_mul(gate_up, rows, intermediate, 0, h, num_threads);
+        gated_activation(gate_up, rows, intermediate, 0, ACTIVATION_SILU, h, num_threads);
         block_panel_gemm(BLOCKS_Q4, h, rows, intermediate, down_q, down_d, down_m, n, y, n,
                          num_threads);
         status = 0;
@@ -109,15 +109,16 @@ int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up
     return status;
 }
 
-/* The same MLP on weights of any kinds (kernels.h's BlockWeight): both in Q4_1 blocks,
- * q4_gated_mlp; otherwise gate and up into [rows, 2I], silu(gate) * up (activations.c's
- * silu_mul), then the down product. 2 when out of memory, else the kernels' status. */
+/* The same MLP on weights of any kinds (kernels.h's BlockWeight) and either activation:
+ * SiLU on Q4_1 blocks throughout, q4_gated_mlp; otherwise gate and up into [rows, 2I],
+ * act(gate) * up (activations.c's gated_activation), then the down product. 2 when out
+ * of memory, else the kernels' status (1 for an unknown activation). */
 int blocks_gated_mlp(const float *x, int64_t rows, int64_t k, const BlockWeight *gate_up,
-                     int64_t intermediate, const BlockWeight *down, int64_t n, float *y,
-                     int num_threads) {
+                     int64_t intermediate, const BlockWeight *down, int64_t n, int activation,
+                     float *y, int num_threads) {
     const BlockPart *gu = &gate_up->parts[0], *dn = &down->parts[0];
-    if (gate_up->num_parts == 1 && down->num_parts == 1 && gu->kind == BLOCKS_Q4
-        && dn->kind == BLOCKS_Q4)
+    if (activation == ACTIVATION_SILU && gate_up->num_parts == 1 && down->num_parts == 1
+        && gu->kind == BLOCKS_Q4 && dn->kind == BLOCKS_Q4)
         return q4_gated_mlp(x, rows, k, gu->q, gu->d, gu->m, intermediate, dn->q, dn->d, dn->m,
                             n, y, num_threads);
     if (rows <= 0 || n <= 0) return 0;
@@ -126,7 +127,8 @@ int blocks_gated_mlp(const float *x, int64_t rows, int64_t k, const BlockWeight 
     int status = both && h ? 0 : 2;
     if (!status)
         status = block_weight_gemm(gate_up, x, rows, k, both, 2 * intermediate, num_threads);
-    if (!status) status = silu_mul(both, rows, intermediate, 0, h, num_threads);
+    if (!status)
+        status = gated_activation(both, rows, intermediate, 0, activation, h, num_threads);
     if (!status) status = block_weight_gemm(down, h, rows, intermediate, y, n, num_threads);
     free(both);
     free(h);

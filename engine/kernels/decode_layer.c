@@ -1,57 +1,97 @@
-/* The two halves of a Llama decoder layer for a decode step on GGUF blocks, each one
- * native call (models/fast_decode.py): the attention half (RMSNorm, qkv projection,
- * RoPE and the cache write, paged attention, o projection, residual) and the MLP half
- * (RMSNorm, gated MLP, residual), for projections in any of block_gemm's kinds, one
- * kind or several per weight (kernels.h's BlockWeight: Q4_1 files, Q8_0 files, Q5_K_M
- * and Q4_K_M mixtures). They chain the kernels of block_gemm.c, block_mlp.c,
- * layer_ops.c and paged_attention.c in the modules' order, on the same calls the
- * modules make, so a layer's output is the modules' bit for bit. */
+/* The two halves of a decoder layer for a decode step on GGUF blocks, each one native
+ * call (models/fast_decode.py): the attention half (RMSNorm, qkv projection, RoPE and
+ * the cache write, paged attention, o projection, residual) and the MLP half (RMSNorm,
+ * gated MLP, residual), for projections in any of block_gemm's kinds, one kind or
+ * several per weight (kernels.h's BlockWeight: Q4_1 files, Q8_0 files, Q5_K_M and
+ * Q4_K_M mixtures). They chain the kernels of block_gemm.c, block_mlp.c, layer_ops.c
+ * and paged_attention.c in the modules' order, on the same calls the modules make, so
+ * a Llama layer's output is the modules' bit for bit.
+ *
+ * The variants of the families, each a field of BlockStackLayer (NULL: not there):
+ *   Qwen2     qkv_bias, added to the qkv rows as BlockLinear adds it
+ *   Qwen3     q_norm, k_norm: an RMSNorm of every q and k head after the qkv kernel
+ *   Gemma 3   the head norms too, attn_out_norm and mlp_out_norm on o's and down's
+ *             outputs before each residual add, GELU-tanh (BlockStackShape.activation),
+ *             and sliding layers (`group`: which BlockStackGroup's contexts and rotary
+ *             tables the layer reads). Its (1 + weight) norms arrive with 1 + weight
+ *             precomputed, so every norm is rms_norm_rows' x / rms(x) * weight. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels.h"
 
-/* y = x + o_proj(attention(rope(qk_norms(qkv_proj(rms_norm(x)) [+ qkv_bias])))) for
- * `tokens` decode requests, writing each token's new K/V to its cache slot first. x, y
- * [tokens, hidden]; qkv_bias [(heads + 2 kv_heads) dim] (Qwen2) or NULL, added to
- * every row as BlockLinear adds it; q_norm, k_norm [dim] (Qwen3: an RMSNorm of every
- * q head and k head, eps qk_eps) or NULL; cos, sin [tokens, dim]; the decode context
- * as in paged_decode_attention. */
-int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
-                         const float *norm_weight, float eps, const BlockWeight *qkv_proj,
-                         const float *qkv_bias, const float *q_norm, const float *k_norm,
-                         float qk_eps, const float *cos, const float *sin,
-                         const int64_t *slot_mapping, void *keys, void *values, int kv_bf16,
-                         const int64_t *slots, const int64_t *lengths, int64_t width,
-                         int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                         const BlockWeight *o_proj, float *y, int num_threads) {
+typedef struct {                     /* the sizes every layer of the model shares */
+    int64_t hidden, intermediate, heads, kv_heads, dim;
+    float scale;                     /* the attention's softmax scale */
+    int kv_bf16;                     /* the caches hold bf16 (else fp32) */
+    int activation;                  /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
+} BlockStackShape;
+
+typedef struct {                     /* one attention group's view of a decode step */
+    const float *cos, *sin;          /* [T, D]: the group's rotary tables */
+    const int64_t *slot_mapping;     /* [T]: the cache slot of each row's new K/V */
+    const int64_t *slots;            /* [T, width]: each row's context slots */
+    const int64_t *lengths;          /* [T]: how many of them row t attends to */
+    int64_t width;
+} BlockStackGroup;
+
+typedef struct {
+    const float *input_norm, *post_norm;         /* [hidden]: before attention, MLP */
+    float input_eps, post_eps;
+    BlockWeight qkv, o, gate_up, down;
+    void *keys, *values;                         /* the layer's flat cache [slots, KVH, D] */
+    const float *qkv_bias;                       /* [(H + 2 KVH) D], or NULL */
+    const float *q_norm, *k_norm;                /* [D] each, or NULL */
+    float qk_eps;
+    const float *attn_out_norm, *mlp_out_norm;   /* [hidden] each, or NULL */
+    float out_eps;
+    int group;                                   /* the BlockStackGroup it reads */
+} BlockStackLayer;
+
+/* y = x + y, or x + rms_norm(y) with out_norm (y normalised in place first). */
+static void add_residual(const float *x, float *y, int64_t tokens, int64_t hidden,
+                         const float *out_norm, float eps) {
+    if (out_norm) rms_norm_rows(y, tokens, hidden, out_norm, eps, y);
+    for (int64_t i = 0; i < tokens * hidden; i++) y[i] += x[i];
+}
+
+/* y = x + [norm](o_proj(attention(rope(qk_norms(qkv_proj(rms_norm(x)) [+ qkv_bias])))))
+ * for `tokens` decode requests, writing each token's new K/V to its cache slot first.
+ * x, y [tokens, hidden]; the attention reads the contexts of `group` as
+ * paged_decode_attention does. */
+int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *shape,
+                         const BlockStackGroup *group, const float *x, int64_t tokens,
+                         float *y, int num_threads) {
     if (tokens <= 0) return 0;
-    const int64_t width_qkv = (heads + 2 * kv_heads) * dim;
+    const int64_t hidden = shape->hidden, heads = shape->heads, kv_heads = shape->kv_heads;
+    const int64_t dim = shape->dim, width_qkv = (heads + 2 * kv_heads) * dim;
     float *h = malloc(sizeof(float) * tokens * hidden);
     float *qkv = malloc(sizeof(float) * tokens * width_qkv);
     float *context = malloc(sizeof(float) * tokens * heads * dim);
     int status = 2;
     if (h && qkv && context) {
-        rms_norm_rows(x, tokens, hidden, norm_weight, eps, h);
-        status = block_weight_gemm(qkv_proj, h, tokens, hidden, qkv, width_qkv, num_threads);
-        for (int64_t t = 0; !status && qkv_bias && t < tokens; t++)
-            for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += qkv_bias[i];
-        for (int64_t t = 0; !status && q_norm && k_norm && t < tokens; t++) {
+        rms_norm_rows(x, tokens, hidden, layer->input_norm, layer->input_eps, h);
+        status = block_weight_gemm(&layer->qkv, h, tokens, hidden, qkv, width_qkv, num_threads);
+        for (int64_t t = 0; !status && layer->qkv_bias && t < tokens; t++)
+            for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += layer->qkv_bias[i];
+        for (int64_t t = 0; !status && layer->q_norm && layer->k_norm && t < tokens; t++) {
             float *row = qkv + t * width_qkv;
-            rms_norm_rows(row, heads, dim, q_norm, qk_eps, row);
-            rms_norm_rows(row + heads * dim, kv_heads, dim, k_norm, qk_eps, row + heads * dim);
+            rms_norm_rows(row, heads, dim, layer->q_norm, layer->qk_eps, row);
+            rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
+                          row + heads * dim);
         }
         if (!status)
-            rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys,
-                            values, kv_bf16);
+            rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, group->cos, group->sin,
+                            group->slot_mapping, layer->keys, layer->values, shape->kv_bf16);
         if (!status)
-            status = paged_decode_attention(qkv, width_qkv, keys, values, kv_bf16, slots, NULL,
-                                            NULL, tokens, lengths, tokens, width, heads,
-                                            kv_heads, dim, scale, context, num_threads);
+            status = paged_decode_attention(qkv, width_qkv, layer->keys, layer->values,
+                                            shape->kv_bf16, group->slots, NULL, NULL, tokens,
+                                            group->lengths, tokens, group->width, heads,
+                                            kv_heads, dim, shape->scale, context, num_threads);
         if (!status)
-            status = block_weight_gemm(o_proj, context, tokens, heads * dim, y, hidden,
+            status = block_weight_gemm(&layer->o, context, tokens, heads * dim, y, hidden,
                                        num_threads);
-        for (int64_t i = 0; !status && i < tokens * hidden; i++) y[i] += x[i];
+        if (!status) add_residual(x, y, tokens, hidden, layer->attn_out_norm, layer->out_eps);
     }
     free(h);
     free(qkv);
@@ -59,55 +99,39 @@ int block_attention_half(const float *x, int64_t tokens, int64_t hidden,
     return status;
 }
 
-/* y = x + gated_mlp(rms_norm(x)): the MLP half of a Llama decoder layer. */
-int block_mlp_half(const float *x, int64_t rows, int64_t k, const float *norm_weight, float eps,
-                   const BlockWeight *gate_up, int64_t intermediate, const BlockWeight *down,
-                   float *y, int num_threads) {
-    if (rows <= 0) return 0;
-    float *h = malloc(sizeof(float) * rows * k);
+/* y = x + [norm](gated_mlp(rms_norm(x))): the MLP half of the layer. */
+int block_mlp_half(const BlockStackLayer *layer, const BlockStackShape *shape, const float *x,
+                   int64_t tokens, float *y, int num_threads) {
+    if (tokens <= 0) return 0;
+    const int64_t hidden = shape->hidden;
+    float *h = malloc(sizeof(float) * tokens * hidden);
     if (!h) return 2;
-    rms_norm_rows(x, rows, k, norm_weight, eps, h);
-    int status = blocks_gated_mlp(h, rows, k, gate_up, intermediate, down, k, y, num_threads);
-    for (int64_t i = 0; !status && i < rows * k; i++) y[i] += x[i];
+    rms_norm_rows(x, tokens, hidden, layer->post_norm, layer->post_eps, h);
+    int status = blocks_gated_mlp(h, tokens, hidden, &layer->gate_up, shape->intermediate,
+                                  &layer->down, hidden, shape->activation, y, num_threads);
+    if (!status) add_residual(x, y, tokens, hidden, layer->mlp_out_norm, layer->out_eps);
     free(h);
     return status;
 }
 
 /* Every layer of the step through the two halves above, in one call (models/
  * fast_decode.py's FastDecodeStack): the layers' Python loop, its checks and the
- * interpreter lock's round trips go, the arithmetic is the halves' own. */
-typedef struct {
-    const float *input_norm, *post_norm;
-    float input_eps, post_eps;
-    BlockWeight qkv, o, gate_up, down;
-    void *keys, *values;             /* this layer's flat cache [slots, KVH, D] */
-    const float *qkv_bias;           /* [(H + 2 KVH) D] (Qwen2), or NULL */
-    const float *q_norm, *k_norm;    /* [D] each (Qwen3), or NULL */
-    float qk_eps;
-} BlockStackLayer;
-
-/* x [tokens, hidden] in, the last layer's output out (in place); the rest as in
- * block_attention_half. */
-int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers, int64_t hidden,
-                        int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t dim,
-                        float scale, int kv_bf16, float *x, int64_t tokens, const float *cos,
-                        const float *sin, const int64_t *slot_mapping, const int64_t *slots,
-                        const int64_t *lengths, int64_t width, int num_threads) {
+ * interpreter lock's round trips go, the arithmetic is the halves' own. x [tokens,
+ * hidden] in, the last layer's output out (in place); groups: one per attention
+ * group the layers name. 5 for a group index past num_groups. */
+int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers,
+                        const BlockStackShape *shape, const BlockStackGroup *groups,
+                        int64_t num_groups, float *x, int64_t tokens, int num_threads) {
     if (tokens <= 0) return 0;
-    float *y = malloc(sizeof(float) * tokens * hidden);
+    for (int64_t l = 0; l < num_layers; l++)
+        if (layers[l].group < 0 || layers[l].group >= num_groups) return 5;
+    float *y = malloc(sizeof(float) * tokens * shape->hidden);
     int status = y ? 0 : 2;
     for (int64_t l = 0; !status && l < num_layers; l++) {
         const BlockStackLayer *layer = &layers[l];
-        status = block_attention_half(x, tokens, hidden, layer->input_norm, layer->input_eps,
-                                      &layer->qkv, layer->qkv_bias, layer->q_norm,
-                                      layer->k_norm, layer->qk_eps, cos, sin, slot_mapping,
-                                      layer->keys, layer->values, kv_bf16, slots, lengths,
-                                      width, heads, kv_heads, dim, scale, &layer->o, y,
+        status = block_attention_half(layer, shape, &groups[layer->group], x, tokens, y,
                                       num_threads);
-        if (!status)
-            status = block_mlp_half(y, tokens, hidden, layer->post_norm, layer->post_eps,
-                                    &layer->gate_up, intermediate, &layer->down, x,
-                                    num_threads);
+        if (!status) status = block_mlp_half(layer, shape, y, tokens, x, num_threads);
     }
     free(y);
     return status;

@@ -41,14 +41,15 @@ int block_weight_gemm(const BlockWeight *w, const float *x, int64_t rows, int64_
                       int64_t ldy, int num_threads);
 
 /* block_mlp.c: y[rows, n] = down(silu(gate(x)) * up(x)) with gate_up [2I, k] (gate rows
- * first) and down [n, I] in Q4_1 blocks; blocks_gated_mlp for weights of any kinds. */
+ * first) and down [n, I] in Q4_1 blocks; blocks_gated_mlp for weights of any kinds and
+ * either activation (ACTIVATION_SILU, ACTIVATION_GELU_TANH). */
 int q4_gated_mlp(const float *x, int64_t rows, int64_t k, const uint8_t *gate_up_q,
                  const float *gate_up_d, const float *gate_up_m, int64_t intermediate,
                  const uint8_t *down_q, const float *down_d, const float *down_m, int64_t n,
                  float *y, int num_threads);
 int blocks_gated_mlp(const float *x, int64_t rows, int64_t k, const BlockWeight *gate_up,
-                     int64_t intermediate, const BlockWeight *down, int64_t n, float *y,
-                     int num_threads);
+                     int64_t intermediate, const BlockWeight *down, int64_t n, int activation,
+                     float *y, int num_threads);
 
 /* layer_ops.c: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row (this thread);
  * RoPE on the q and k heads of qkv rows [first, last) and their k, v written to the
@@ -70,8 +71,8 @@ int argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int num_t
 int rescore_head(const uint16_t *approx, const float *hidden, const float *weight,
                  int64_t rows, int64_t vocab, int64_t hidden_size, int64_t candidates,
                  float *logits, int num_threads);
-int silu_mul(const void *gate_up, int64_t tokens, int64_t inter, int bf16, void *out,
-             int num_threads);
+int gated_activation(const void *gate_up, int64_t tokens, int64_t inter, int bf16,
+                     int activation, void *out, int num_threads);
 
 /* paged_attention.c: attention over the paged cache (see there). */
 int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,

@@ -20,13 +20,13 @@ SIGNATURES = {
     # the C prototypes' arguments: p pointer, s int64_t, i int, f float, l long long
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
     "block_gemm": "ipsspppspsi",
-    "block_attention_half": "psspfppppfpppppippssssfppi", "block_mlp_half": "psspfpsppi",
-    "blocks_gated_mlp": "psspspspi", "paged_decode_attention": "psppipppspsssssfpi",
-    "silu_mul": "pssipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
+    "block_attention_half": "ppppspi", "block_mlp_half": "pppspi",
+    "blocks_gated_mlp": "psspspsipi", "paged_decode_attention": "psppipppspsssssfpi",
+    "gated_activation": "pssiipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i", "bf16_amx_enable": "i",
-    "bf16_decoder_stack": "psppspsi", "block_decoder_stack": "pssssssfipspppppsi",
+    "bf16_decoder_stack": "psppspsi", "block_decoder_stack": "psppspsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
 }
 
@@ -39,6 +39,9 @@ each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K)."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
+
+FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""config.hidden_act names -> the GATED_ACTIVATIONS name the kernels compute for them."""
 
 
 class NativeKernels:
@@ -150,18 +153,23 @@ class NativeKernels:
                 else self.max_threads
             self._per_thread.torch_threaded = torch_threaded
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def gated_activation(self, gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         """gate_up [T, 2I] fp32 or bf16, contiguous (gate columns first) ->
-        silu(gate) * up [T, I] in the same dtype, computed in fp32 (activations.c)."""
+        act(gate) * up [T, I] in the same dtype, computed in fp32 (activations.c);
+        activation: a GATED_ACTIVATIONS name (SiLU, GELU's tanh form)."""
         if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.dim() != 2 \
                 or gate_up.shape[1] % 2 or gate_up.device.type != "cpu":
-            raise ValueError("silu_mul: gate_up must be a [T, 2I] CPU fp32 or bf16 tensor")
+            raise ValueError("gated_activation: gate_up must be a [T, 2I] CPU fp32 or bf16 "
+                             "tensor")
+        if activation not in GATED_ACTIVATIONS:
+            raise ValueError(f"gated_activation: unknown activation {activation!r}")
         gate_up = gate_up.contiguous()
         tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(tokens, inter, dtype=gate_up.dtype)
-        self._library.silu_mul(gate_up.data_ptr(), tokens, inter,
-                               int(gate_up.dtype == torch.bfloat16), out.data_ptr(),
-                               self.num_threads)
+        self._library.gated_activation(gate_up.data_ptr(), tokens, inter,
+                                       int(gate_up.dtype == torch.bfloat16),
+                                       GATED_ACTIVATIONS[activation], out.data_ptr(),
+                                       self.num_threads)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,

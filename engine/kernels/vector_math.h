@@ -171,6 +171,15 @@ static inline __m256 silu_times8(__m256 gate, __m256 up) {     /* as silu_times1
     const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
     return _mm256_mul_ps(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), up);
 }
+
+static inline __m256 gelu_tanh_times8(__m256 gate, __m256 up) {  /* as gelu_tanh_times16 */
+    const __m256 squared = _mm256_mul_ps(gate, gate);
+    const __m256 twice_u = _mm256_mul_ps(gate, _mm256_fmadd_ps(
+        squared, _mm256_set1_ps(2.0f * 0.7978845608028654f * 0.044715f),
+        _mm256_set1_ps(2.0f * 0.7978845608028654f)));
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), twice_u));
+    return _mm256_mul_ps(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), up);
+}
 #endif
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))

@@ -29,6 +29,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from ..kernels.block_layers import gated_mlp
+from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
 from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
@@ -138,19 +139,23 @@ class BlockLinear(nn.Module):
 
 class FusedBlockMLP:
     """A GatedMLP whose gate/up and down projections are BlockLinears (any kinds)
-    without bias, with SiLU: steps of up to the smaller of the two projections'
-    `max_rows` run the whole MLP in one native call (kernels/block_layers.py: one
-    crossing into C instead of three, no torch ops between; Q4_1 weights fuse gate,
-    up and SiLU into one sweep)."""
+    without bias, with SiLU or GELU's tanh form (Gemma's): steps of up to the smaller
+    of the two projections' `max_rows` run the whole MLP in one native call
+    (kernels/block_layers.py: one crossing into C instead of three, no torch ops
+    between; Q4_1 weights with SiLU fuse gate, up and the activation into one sweep)."""
 
-    def __init__(self, gate_up: BlockLinear, down: BlockLinear, kernels) -> None:
+    def __init__(self, gate_up: BlockLinear, down: BlockLinear, kernels,
+                 activation: str = "silu") -> None:
         self.gate_up, self.down, self.kernels = gate_up, down, kernels
+        self.activation = activation
+        """A native.GATED_ACTIVATIONS name."""
 
     @staticmethod
     def applies(mlp: nn.Module) -> bool:
         gate_up, down = mlp.gate_up_proj, mlp.down_proj
         return (isinstance(gate_up, BlockLinear) and isinstance(down, BlockLinear)
-                and gate_up.bias is None and down.bias is None and mlp.act is F.silu)
+                and gate_up.bias is None and down.bias is None
+                and getattr(mlp, "act_name", None) in FUSED_ACTIVATIONS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output, or None when the step is for the modules. Larger steps
@@ -159,12 +164,13 @@ class FusedBlockMLP:
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
         if x.shape[0] <= min(self.gate_up.max_rows, self.down.max_rows):
-            return gated_mlp(self.kernels, x.contiguous(), self.gate_up, self.down)
+            return gated_mlp(self.kernels, x.contiguous(), self.gate_up, self.down,
+                             GATED_ACTIVATIONS[self.activation])
         gate_up, down = self.gate_up.packed, self.down.packed
         if gate_up is None or down is None or gate_up.dtype != down.dtype:
             return None
-        activated = packed_gated(x.to(gate_up.dtype), gate_up, self.kernels)
-        return packed_linear(activated, down, x.dtype)
+        activated = packed_gated(x.to(gate_up.dtype), gate_up, self.kernels, self.activation)
+        return None if activated is None else packed_linear(activated, down, x.dtype)
 
 
 def kernel_rows(kernels) -> int:
@@ -233,7 +239,8 @@ def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
                 installed += 1
     for layer in model.layers:
         if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
-            layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels)
+            layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels,
+                                            FUSED_ACTIVATIONS[layer.mlp.act_name])
     installed += _lm_head_blocks(model, tensors, kernels)
     return installed
 

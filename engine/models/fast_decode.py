@@ -11,29 +11,40 @@ BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
     q, k, v = split(qkv_kernel(h) [+ qkv bias]); [q, k head norms]; rotate q and k
     write k, v to their cache slots
     a = attention_kernel(q, paged cache)    reads the pages in place
-    x = x + o_kernel(a)
-    x = x + gated_mlp_kernel(rms_norm(x))
+    x = x + [norm](o_kernel(a))
+    x = x + [norm](gated_mlp_kernel(rms_norm(x)))
 
-The whole layer is two native calls (kernels/block_layers.py), `attention_half`
-(norm, qkv, RoPE, cache write, attention, o_proj, residual) and `mlp_half` (norm,
-gated MLP, residual), with the modules' arithmetic in the same order (the norm and
-RoPE written in C; Qwen2's qkv bias added after the qkv kernel, as BlockLinear adds
-it; Qwen3's head norms by the same C norm, summed in another order than torch's).
-Any other step (prefill rows, more rows, a partial RoPE, sliding layers) returns
-None and the modules run. When every layer of the model has one,
-FastDecodeStack runs them all in one native call (decode_layer.c's
-block_decoder_stack, the same halves in a C loop).
+The whole layer is two native calls (kernels/block_layers.py's decoder_layer), the
+attention half (norm, qkv, RoPE, cache write, attention, o_proj, residual) and the
+MLP half (norm, gated MLP, residual), with the modules' arithmetic in the same order:
+a Llama layer's output is the modules' bit for bit. The families' variants
+(decode_layer.c): Qwen2's qkv bias, added after the qkv kernel as BlockLinear adds
+it; Qwen3's head norms; Gemma 3's head norms, norms on the attention's and the MLP's
+outputs, (1 + weight) norms and GELU-tanh; sliding-window layers (Gemma 3's local
+ones, Mistral's), which read their group's contexts (`meta.sliding`) and, in Gemma 3,
+their own rotary tables. Norms other than Llama's plain ones, and GELU, are written
+in C where the modules run torch's ops, so those agree to float rounding. Any other
+step (prefill rows, more rows, a partial RoPE) returns None and the modules run.
+When every layer of the model has one, FastDecodeStack runs them all in one native
+call (decode_layer.c's block_decoder_stack, the same halves in a C loop).
 """
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 
 import torch
 from torch import nn
 
-from ..kernels.block_layers import BlockStackLayer, attention_half, mlp_half, native_weight
+from ..kernels.block_layers import (BlockStackGroup, BlockStackLayer, BlockStackShape,
+                                    decoder_layer, native_weight)
+from ..kernels.native import GATED_ACTIVATIONS
 from .block_weights import BlockLinear, FusedBlockMLP
+from .packed_stack import FULL, SLIDING, layer_norms, norm_weight
+
+SHARED_SIZES = ("num_heads", "num_kv_heads", "head_dim", "scale")
+"""The attention sizes every layer of a FastDecodeStack shares (BlockStackShape)."""
 
 
 class FastDecodeLayer:
@@ -41,11 +52,36 @@ class FastDecodeLayer:
         attn = layer.self_attn
         self.attn, self.mlp, self.kernels = attn, layer.mlp, kernels
         self.layer_idx = attn.layer_idx
-        self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.group = SLIDING if attn.is_sliding else FULL
         self.projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
                             layer.mlp.down_proj)
-        self.head_norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
-        """Qwen3's RMSNorms of every q and k head, or (None, None)."""
+        self.norms = layer_norms(layer)
+        """(before the attention, before the MLP, on the attention's output, on the
+        MLP's output, per q head, per k head): packed_stack.layer_norms, None where the
+        layer has no such norm."""
+        self.head_norms = self.norms[4:]
+        self.norm_weights = [norm_weight(norm) for norm in self.norms]
+        """What rms_norm multiplies by (Gemma's 1 + weight), kept for the entry."""
+        self.entry = self._entry()
+        """The layer's BlockStackLayer, its cache fields left for _bind."""
+        self.shape = BlockStackShape(
+            attn.o_proj.out_features, layer.mlp.gate_up_proj.out_features // 2,
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, 0,
+            GATED_ACTIVATIONS[layer.mlp.fused.activation])
+        self.bound = weakref.WeakKeyDictionary()
+        """cache -> (entry, shape) pointing at that cache, as FastDecodeStack's."""
+
+    def _entry(self) -> BlockStackLayer:
+        weights = [None if w is None else w.data_ptr() for w in self.norm_weights]
+        first, second, attn_out, _, q_norm, _ = self.norms
+        bias = self.attn.qkv_proj.bias
+        return BlockStackLayer(
+            weights[0], weights[1], first.eps, second.eps,
+            *(native_weight(p) for p in self.projections),
+            qkv_bias=None if bias is None else bias.data_ptr(), q_norm=weights[4],
+            k_norm=weights[5], qk_eps=0.0 if q_norm is None else q_norm.eps,
+            attn_out_norm=weights[2], mlp_out_norm=weights[3],
+            out_eps=0.0 if attn_out is None else attn_out.eps, group=self.group)
 
     @property
     def max_rows(self) -> int:
@@ -55,81 +91,95 @@ class FastDecodeLayer:
 
     @staticmethod
     def applies(layer: nn.Module) -> bool:
-        """Llama-style layer (two plain RMSNorms, full attention) whose projections
-        and MLP all run on blocks, with no bias but an fp32 one on qkv (Qwen2's) and,
-        if any, plain fp32 RMSNorms of the q and k heads (Qwen3's)."""
+        """A layer whose projections and MLP all run on blocks, with no bias but an fp32
+        one on qkv (Qwen2's), and fp32 norms the native halves run: the two before
+        the attention and the MLP, any on their outputs (Gemma 3's, of one eps), any
+        q and k head norms (both, of one eps)."""
         attn = layer.self_attn
         qkv_bias = getattr(attn.qkv_proj, "bias", None)
-        return (_head_norms_fit(getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
-                and not attn.is_sliding
-                and all(isinstance(p, BlockLinear) for p in (attn.qkv_proj, attn.o_proj))
+        first, second, attn_out, mlp_out, q_norm, k_norm = layer_norms(layer)
+        return (all(isinstance(p, BlockLinear) for p in (attn.qkv_proj, attn.o_proj))
                 and attn.o_proj.bias is None
-                and (qkv_bias is None or (qkv_bias.dtype == torch.float32
-                                          and qkv_bias.device.type == "cpu"
-                                          and qkv_bias.is_contiguous()))
+                and (qkv_bias is None or _is_cpu_fp32(qkv_bias))
                 and isinstance(getattr(layer.mlp, "fused", None), FusedBlockMLP)
-                and not layer.input_layernorm.offset
-                and not layer.post_attention_layernorm.offset
-                and not hasattr(layer, "pre_feedforward_layernorm"))
+                and all(norm is None or _is_cpu_fp32(norm.weight)
+                        for norm in (first, second, attn_out, mlp_out, q_norm, k_norm))
+                and _pair_fits(attn_out, mlp_out) and _pair_fits(q_norm, k_norm))
+
+    def _bind(self, kv_cache) -> tuple[BlockStackLayer, BlockStackShape]:
+        found = self.bound.get(kv_cache)
+        if found is None:
+            entry = BlockStackLayer.from_buffer_copy(self.entry)
+            keys = kv_cache.key_caches[self.layer_idx]
+            entry.keys, entry.values = keys.data_ptr(), kv_cache.value_caches[self.layer_idx].data_ptr()
+            shape = BlockStackShape.from_buffer_copy(self.shape)
+            shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
+            found = self.bound[kv_cache] = (entry, shape)
+        return found
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv_cache, meta) -> torch.Tensor | None:
-        """The layer's output [T, hidden], or None when this step is not for it."""
-        attn = self.attn
-        key_cache = kv_cache.key_caches[self.layer_idx]
-        value_cache = kv_cache.value_caches[self.layer_idx]
-        if not (_step_fits(meta, cos, sin, attn.head_dim) and hidden.dim() == 2
-                and hidden.shape[0] == cos.shape[0] <= self.max_rows
-                and _is_cpu_fp32(hidden)
-                and key_cache.dtype == value_cache.dtype
-                and key_cache.dtype in (torch.float32, torch.bfloat16)):
+        """The layer's output [T, hidden], or None when this step is not for it.
+        cos, sin: this layer's rotary tables; meta: the step's (full group's)
+        metadata, whose `sliding` a sliding layer reads."""
+        group_meta = meta.sliding if self.group == SLIDING else meta
+        if not (group_meta is not None and hidden.dim() == 2
+                and hidden.shape[0] <= self.max_rows and _is_cpu_fp32(hidden)
+                and _step_fits(group_meta, cos, sin, hidden.shape[0], self.attn.head_dim)
+                and _caches_fit(kv_cache, [self.layer_idx])):
             return None
-        first, second = self.norms
-        flat_keys = key_cache.view(-1, attn.num_kv_heads, attn.head_dim)
-        flat_values = value_cache.view(-1, attn.num_kv_heads, attn.head_dim)
-        hidden = attention_half(
-            self.kernels, hidden, first, attn.qkv_proj, attn.o_proj, cos, sin,
-            meta.slot_mapping, flat_keys, flat_values, meta.decode_kv_slots,
-            meta.decode_lengths, attn.num_heads, attn.scale, self.head_norms)
-        return mlp_half(self.kernels, hidden, second, self.mlp.gate_up_proj,
-                        self.mlp.down_proj)
+        entry, shape = self._bind(kv_cache)
+        return decoder_layer(self.kernels, hidden, entry, shape, _group(group_meta, cos, sin))
 
 
-def _head_norms_fit(q_norm, k_norm) -> bool:
-    """No head norms, or a q and a k norm that block_attention_half runs: plain fp32
-    RMSNorms (no Gemma offset) of one eps."""
-    if q_norm is None or k_norm is None:
-        return q_norm is None and k_norm is None
-    return (not q_norm.offset and not k_norm.offset and q_norm.eps == k_norm.eps
-            and all(_is_cpu_fp32(norm.weight) for norm in (q_norm, k_norm)))
-
-
-_last_step: tuple = (None, False)
-"""(metadata, verdict) of the last step checked: every layer of a step shares its
-metadata and rotary tables, so _step_fits checks them once per step, not per layer.
-Replaced as one tuple, so engines on other threads never read a mixed pair."""
+def _pair_fits(one, other) -> bool:
+    """Both norms or neither; when both, of one eps (the entry holds one)."""
+    if one is None or other is None:
+        return one is None and other is None
+    return one.eps == other.eps
 
 
 def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
-def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> bool:
-    """The step is decode-only and the tensors the native calls read for it are
-    contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths). Its size is
-    checked per layer, against the layer's projections' `max_rows`."""
-    global _last_step
-    last_meta, verdict = _last_step
-    if last_meta is meta:
-        return verdict
+def _caches_fit(kv_cache, layer_indices) -> bool:
+    """The layers' key and value caches are contiguous and all fp32 or all bf16."""
+    caches = [c for i in layer_indices for c in (kv_cache.key_caches[i], kv_cache.value_caches[i])]
+    return (len({c.dtype for c in caches}) == 1
+            and caches[0].dtype in (torch.float32, torch.bfloat16)
+            and all(c.is_contiguous() for c in caches))
+
+
+_recent: tuple = ()
+"""((metadata, verdict), ...) of the last two group metadatas checked: every layer of
+a step shares the metadata and rotary tables of its group, so _step_fits checks each
+group once per step, not per layer. Replaced as one tuple, so engines on other
+threads never read a mixed pair."""
+
+
+def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, rows: int, head_dim: int) -> bool:
+    """The group's step is decode-only, `rows` rows, and the tensors the native calls
+    read for it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths)."""
+    global _recent
+    for last_meta, verdict in _recent:
+        if last_meta is meta:
+            return verdict and cos.shape[0] == rows
     longs = (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths)
     verdict = (not meta.prefills and meta.decode_lengths is not None
                and cos.shape == sin.shape == (cos.shape[0], head_dim)
                and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
                and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
-                       for t in longs))
-    _last_step = (meta, verdict)
-    return verdict
+                       for t in longs)
+               and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == cos.shape[0])
+    _recent = ((meta, verdict),) + _recent[:1]
+    return verdict and cos.shape[0] == rows
+
+
+def _group(meta, cos: torch.Tensor, sin: torch.Tensor) -> BlockStackGroup:
+    slots = meta.decode_kv_slots
+    return BlockStackGroup(cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
+                           slots.data_ptr(), meta.decode_lengths.data_ptr(), slots.shape[1])
 
 
 class FastDecodeStack:
@@ -139,63 +189,64 @@ class FastDecodeStack:
     def __init__(self, layers: list[FastDecodeLayer], kernels) -> None:
         self.layers, self.kernels = layers, kernels
         self.function = kernels.library.block_decoder_stack
-        self.entries = (BlockStackLayer * len(layers))(*(self._entry(layer) for layer in layers))
+        self.entries = (BlockStackLayer * len(layers))(*(layer.entry for layer in layers))
+        self.shape = layers[0].shape
         self.max_rows = min(layer.max_rows for layer in layers)
-        attn = layers[0].attn
-        self.shape = (attn.o_proj.out_features, layers[0].mlp.gate_up_proj.out_features // 2,
-                      attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
+        self.layer_indices = [layer.layer_idx for layer in layers]
+        self.groups = sorted({layer.group for layer in layers})
+        """The attention groups the layers read (FULL, SLIDING)."""
         self.bound = weakref.WeakKeyDictionary()
-        """cache -> entries pointing at that cache (one array per cache: engines with
-        caches of their own never share what a call reads)."""
-
-    @staticmethod
-    def _entry(layer: FastDecodeLayer) -> BlockStackLayer:
-        first, second = layer.norms
-        bias, (q_norm, k_norm) = layer.attn.qkv_proj.bias, layer.head_norms
-        return BlockStackLayer(first.weight.data_ptr(), second.weight.data_ptr(), first.eps,
-                               second.eps, *(native_weight(p) for p in layer.projections),
-                               qkv_bias=None if bias is None else bias.data_ptr(),
-                               q_norm=None if q_norm is None else q_norm.weight.data_ptr(),
-                               k_norm=None if k_norm is None else k_norm.weight.data_ptr(),
-                               qk_eps=0.0 if q_norm is None else q_norm.eps)
+        """cache -> (entries, shape) pointing at that cache (one pair per cache:
+        engines with caches of their own never share what a call reads)."""
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
+        """A stack when every layer has a FastDecodeLayer and they share their sizes
+        and activation."""
         layers = [getattr(layer, "fast_decode", None) for layer in getattr(model, "layers", [])]
         if not layers or not all(isinstance(layer, FastDecodeLayer) for layer in layers) \
                 or not hasattr(kernels, "library"):
             return None
+        first = layers[0]
+        if any(bytes(layer.shape) != bytes(first.shape) for layer in layers):
+            return None
         return FastDecodeStack(layers, kernels)
 
     def _bind(self, kv_cache):
-        entries = self.bound.get(kv_cache)
-        if entries is None:
+        found = self.bound.get(kv_cache)
+        if found is None:
             entries = (BlockStackLayer * len(self.layers))(*self.entries)       # copies
-            for entry, layer in zip(entries, self.layers):
-                entry.keys = kv_cache.key_caches[layer.layer_idx].data_ptr()
-                entry.values = kv_cache.value_caches[layer.layer_idx].data_ptr()
-            self.bound[kv_cache] = entries
-        return entries
+            for entry, index in zip(entries, self.layer_indices):
+                entry.keys = kv_cache.key_caches[index].data_ptr()
+                entry.values = kv_cache.value_caches[index].data_ptr()
+            shape = BlockStackShape.from_buffer_copy(self.shape)
+            shape.kv_bf16 = int(kv_cache.key_caches[self.layer_indices[0]].dtype == torch.bfloat16)
+            found = self.bound[kv_cache] = (entries, shape)
+        return found
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta) -> torch.Tensor | None:
+                 kv_cache, meta, sliding_rope: tuple | None = None) -> torch.Tensor | None:
         """The last layer's output [T, hidden], or None when this step is not for it
-        (FastDecodeLayer's conditions, checked once for all layers)."""
-        hidden_size, inter, heads, kv_heads, dim, scale = self.shape
-        keys, values = kv_cache.key_caches[0], kv_cache.value_caches[0]
-        if not (_step_fits(meta, cos, sin, dim) and hidden.dim() == 2
-                and hidden.shape[0] == cos.shape[0] <= self.max_rows and _is_cpu_fp32(hidden)
-                and keys.dtype == values.dtype and keys.dtype in (torch.float32, torch.bfloat16)
-                and all(c.is_contiguous() for c in (keys, values))):
+        (FastDecodeLayer's conditions, checked once for all layers). cos, sin: the
+        rotary tables of the full-attention layers (of every layer without
+        `sliding_rope`); sliding_rope: Gemma 3's (cos, sin) of its local layers."""
+        rows = hidden.shape[0]
+        if not (hidden.dim() == 2 and rows <= self.max_rows and _is_cpu_fp32(hidden)
+                and _caches_fit(kv_cache, self.layer_indices)):
             return None
-        entries = self._bind(kv_cache)
+        groups = (BlockStackGroup * 2)()
+        for group in self.groups:
+            group_meta = meta if group == FULL else meta.sliding
+            group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
+                else sliding_rope
+            if group_meta is None or not _step_fits(group_meta, group_cos, group_sin, rows,
+                                                    self.shape.dim):
+                return None
+            groups[group] = _group(group_meta, group_cos, group_sin)
+        entries, shape = self._bind(kv_cache)
         x = hidden.clone()
-        slots = meta.decode_kv_slots
-        status = self.function(
-            entries, len(self.layers), hidden_size, inter, heads, kv_heads, dim, scale,
-            int(keys.dtype == torch.bfloat16), x.data_ptr(), x.shape[0], cos.data_ptr(),
-            sin.data_ptr(), meta.slot_mapping.data_ptr(), slots.data_ptr(),
-            meta.decode_lengths.data_ptr(), slots.shape[1], self.kernels.num_threads)
+        status = self.function(entries, len(self.layers), ctypes.byref(shape), groups, len(groups),
+                               x.data_ptr(), rows, self.kernels.num_threads)
         if status:
             raise RuntimeError(f"block_decoder_stack failed ({status})")
         return x

@@ -79,6 +79,9 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
+        self.fast_decode = None
+        """Optional callable (hidden, cos, sin, kv_cache, meta) -> the output or None
+        (not for this step): see models/fast_decode.py."""
 
     def forward(self, hidden, rope, kv_cache, meta, backend, layer_step=None):
         """`layer_step`: a compiled `torch_step` (compile_paths.py) or None."""
@@ -87,6 +90,10 @@ class Gemma3DecoderLayer(nn.Module):
         value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
         if layer_step is not None:
             return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
+        if self.fast_decode is not None:
+            out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
+            if out is not None:
+                return out
         return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
 
     def torch_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend):
@@ -123,7 +130,8 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
             for kind in (SLIDING, FULL)})
         self.attn_backend = get_backend("torch")
         self.layer_stacks: list = []
-        """packed_stack.PackedStack when every layer qualifies (LlamaFamilyForCausalLM's)."""
+        """Whole-stack native paths (fast_decode.FastDecodeStack, packed_stack.PackedStack),
+        as LlamaFamilyForCausalLM's; both take the local layers' rotary tables."""
 
     def reset_buffers(self, device: torch.device) -> None:
         for rotary in self.rotaries.values():

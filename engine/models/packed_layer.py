@@ -60,9 +60,8 @@ class PackedLayer:
         self.dtype = self.qkv.dtype
         self.first, self.second = layer.input_layernorm, layer.post_attention_layernorm
         fused = layer.mlp.fused
-        silu_pairs = isinstance(fused, PairedMLP) and fused.activation == "silu"
-        self.gate_up = packed_of(layer.mlp.gate_up_proj) \
-            if isinstance(fused, FusedBlockMLP) or silu_pairs else None
+        silu = isinstance(fused, (PairedMLP, FusedBlockMLP)) and fused.activation == "silu"
+        self.gate_up = packed_of(layer.mlp.gate_up_proj) if silu else None
         self.down = packed_of(layer.mlp.down_proj) if self.gate_up is not None else None
         self.block_rows = attn.qkv_proj.max_rows if isinstance(attn.qkv_proj, BlockLinear) else 0
         """Steps of at most this many rows are the block kernels' (fast decode or modules)."""

@@ -129,15 +129,15 @@ def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels,
                  activation: str = "silu") -> torch.Tensor | None:
     """act(gate) * up of a gated MLP for x [rows, in] bf16 -> [rows, I] bf16: in one
     native pass from the gate/up GEMM's fp32 sums where the weight is paired
-    (gate_pairs), else for SiLU the bf16 product, then silu_mul (`kernels`, or the
-    weight's own); None for another activation there."""
+    (gate_pairs), else for SiLU the bf16 product, then gated_activation (`kernels`,
+    or the weight's own); None for another activation there."""
     if gate_up.gated_inter and x.shape[0] <= NATIVE_BF16_MAX_ROWS \
             and not torch.compiler.is_compiling():
         return gate_up.kernels.bf16_gemm(x, gate_up.pairs, gate_up.out_features, torch.bfloat16,
                                          gate_up.gated_inter, activation=activation)
     if activation != "silu":
         return None
-    return (kernels or gate_up.kernels).silu_mul(packed_linear(x, gate_up))
+    return (kernels or gate_up.kernels).gated_activation(packed_linear(x, gate_up))
 
 
 def pack_in_place(module: nn.Module, name: str) -> bool:

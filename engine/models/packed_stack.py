@@ -83,12 +83,12 @@ class _Group(ctypes.Structure):            # decoder_stack.c's StackGroup
                 ("lengths", ctypes.c_void_p), ("width", ctypes.c_int64)]
 
 
-def _usable_norm(norm: nn.Module | None) -> bool:
+def usable_norm(norm: nn.Module | None) -> bool:
     return norm is None or (norm.weight.dtype == torch.float32
                             and norm.weight.device.type == "cpu")
 
 
-def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+def norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
     """The fp32 weight rms_norm multiplies by: Gemma's 1 + weight, else the weight."""
     if norm is None:
         return None
@@ -96,7 +96,7 @@ def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
     return (weight + norm.offset).contiguous() if norm.offset else weight.contiguous()
 
 
-def _norms(layer: nn.Module) -> tuple:
+def layer_norms(layer: nn.Module) -> tuple:
     """(before the attention, before the MLP, on the attention's output, on the MLP's
     output, per q head, per k head); None where the layer has no such norm."""
     attn = layer.self_attn
@@ -132,15 +132,15 @@ def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor], str] | None
     """The layer's StackLayer (cache fields left for _bind), the tensors it points at
     and its MLP's activation, or None where the stack cannot run it."""
     weights = _weights(layer)
-    norms = _norms(layer) if weights is not None else ()
-    if weights is None or not all(_usable_norm(n) for n in norms) or (
+    norms = layer_norms(layer) if weights is not None else ()
+    if weights is None or not all(usable_norm(n) for n in norms) or (
             (norms[4] is None) != (norms[5] is None)):
         return None
     first, second, attn_out, mlp_out, q_norm, k_norm = norms
     if (attn_out is not None and attn_out.eps != mlp_out.eps) or (
             q_norm is not None and q_norm.eps != k_norm.eps):
         return None
-    scaled = [_norm_weight(n) for n in norms]
+    scaled = [norm_weight(n) for n in norms]
     pointers = [_pointer(t) for t in scaled]
     qkv, o, gate_up, down, activation = weights
     bias = packed_with_bias(layer.self_attn.qkv_proj)[1]

@@ -22,11 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.native import FUSED_ACTIVATIONS
 from .block_weights import BlockLinear
 from .packed_linear import PackedWeight, gate_pairs, packed_gated, packed_linear
 
-FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-"""config.hidden_act names -> the activation bf16_gated_gemm computes for them."""
 
 
 def _bf16_paired(module: nn.Module) -> PackedWeight | None:

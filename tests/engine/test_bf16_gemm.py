@@ -105,9 +105,9 @@ def test_paired_gate_up_gives_the_activation_of_its_fp32_sums(kernels):
         got = packed_gated(x, paired, kernels)
         assert got.shape == (rows, inter) and got.dtype == torch.bfloat16
         if rows <= NATIVE_BF16_MAX_ROWS:      # silu of the fp32 sums, rounded once
-            assert torch.equal(got, kernels.silu_mul(sums).bfloat16())
-        else:                                 # oneDNN's bf16 product, then silu_mul
-            assert torch.equal(got, kernels.silu_mul(packed_linear(x, plain)))
+            assert torch.equal(got, kernels.gated_activation(sums).bfloat16())
+        else:                                 # oneDNN's bf16 product, then gated_activation
+            assert torch.equal(got, kernels.gated_activation(packed_linear(x, plain)))
 
 
 def test_paired_gate_up_with_gelu_tanh(kernels):

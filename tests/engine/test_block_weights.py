@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.kernels import build as kernel_build
 from engine.kernels import load_native_kernels
+from engine.kernels.native import FUSED_ACTIVATIONS
 from engine.models.block_weights import (BlockLinear, Blocks, FusedBlockMLP,
                                          concat, parse_blocks)
 from engine.models.fast_decode import FastDecodeLayer
@@ -97,19 +98,22 @@ def block_linear(kernels, kinds: list[str], rows: int, cols: int, seed: int) -> 
 @pytest.mark.parametrize("kinds", [(["Q4_1"], ["Q4_1"]), (["Q8_0"], ["Q4_1"]),
                                    (["Q4_1", "Q8_0"], ["Q8_0"])])
 @pytest.mark.parametrize("rows", [1, 5, 13, KERNEL_ROWS, KERNEL_ROWS + 1])
-def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds):
-    """down(silu(gate(x)) * up(x)) in one native call equals the module's own path
-    (13 rows: a full tile of 8 and a partial one), for Q4_1 weights (one fused sweep)
-    and for other kinds and mixed ones (gate and up products, then SiLU)."""
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds, act):
+    """down(act(gate(x)) * up(x)) in one native call equals the module's own path
+    (13 rows: a full tile of 8 and a partial one), for Q4_1 weights (SiLU: one fused
+    sweep) and for other kinds and mixed ones (gate and up products, then the
+    activation; Gemma's GELU-tanh in C against torch's)."""
     hidden, inter = 64, 96
-    mlp = GatedMLP(hidden, inter, "silu", bias=False)
+    mlp = GatedMLP(hidden, inter, act, bias=False)
     mlp.gate_up_proj = block_linear(kernels, kinds[0], 2 * inter, hidden, seed=1)
     mlp.down_proj = block_linear(kernels, kinds[1], hidden, inter, seed=5)
     assert mlp.gate_up_proj.kind == (kinds[0][0] if len(kinds[0]) == 1 else "mixed")
     assert FusedBlockMLP.applies(mlp)
     x = torch.randn(rows, hidden)
     unfused = mlp(x)
-    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels)
+    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels,
+                              FUSED_ACTIVATIONS[act])
     fused = mlp(x)
     if rows > KERNEL_ROWS:                       # not a step for the kernel: same path
         assert torch.equal(fused, unfused)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
+from engine.models.block_weights import BF16_KERNEL_ROWS
 from engine.models.packed_stack import PackedStack
 from engine.models.paired_mlp import PairedMLP
 
@@ -171,7 +172,6 @@ def test_gemma3_generates_the_same_tokens_with_and_without_the_stack(models):
 def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
     """On a GGUF model in bf16-weights the steps of up to the blocks' rows stay on the
     exact block kernels: a PairedMLP built there declines them."""
-    from engine.models.block_weights import BF16_KERNEL_ROWS
 
     model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
     mlp = model.module.layers[0].mlp
@@ -186,25 +186,22 @@ def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
     assert paired(torch.randn(BF16_KERNEL_ROWS + 1, hidden)).shape == (BF16_KERNEL_ROWS + 1, hidden)
 
 
+@needs_bf16_gemm
 @pytest.mark.slow
-def test_gemma3_gguf_steps_all_run_on_the_stack():
-    """Gemma 3 270M's layers hold GGUF blocks but no fast decode path: in bf16-weights
-    the stack serves its steps from one row up (not the Python loop on the blocks),
-    and the step benchmark counts the bf16 weights the stack reads."""
+def test_gemma3_gguf_short_steps_run_on_the_blocks():
+    """Gemma 3 270M's layers hold GGUF blocks and a fast decode path: in bf16-weights
+    steps of up to BF16_KERNEL_ROWS rows take the fast decode stack on the blocks,
+    larger ones the bf16 stack, and the step benchmark counts the bytes each reads."""
     from bench.bounds import matmul_flops_per_row, weight_bytes_per_step
-    from engine.models.block_weights import BlockLinear
+    from engine.models.fast_decode import FastDecodeStack
 
     model = load_model("gemma3-270m", dtype="bf16-weights", progress=False)
     module = model.module
-    assert any(isinstance(m, BlockLinear) for m in module.layers.modules())
-    stacks = [s for s in module.layer_stacks if isinstance(s, PackedStack)]
-    assert len(stacks) == 1 and stacks[0].block_rows == 0
+    assert [type(s) for s in module.layer_stacks] == [FastDecodeStack, PackedStack]
+    fast, packed = module.layer_stacks
+    assert fast.max_rows == packed.block_rows == BF16_KERNEL_ROWS
     projection_weights = matmul_flops_per_row(module) // 2 - module.embed_tokens.weight.numel()
-    on_stack = weight_bytes_per_step(module, 1)
-    module.layer_stacks, stacks_kept = [], module.layer_stacks
-    try:
-        on_blocks = weight_bytes_per_step(module, 1)          # the loop would read the blocks
-    finally:
-        module.layer_stacks = stacks_kept
-    # bf16 (2 bytes a weight) against the blocks' ~1.1: the stack's step reads more
+    on_blocks = weight_bytes_per_step(module, BF16_KERNEL_ROWS)
+    on_stack = weight_bytes_per_step(module, BF16_KERNEL_ROWS + 1)
+    # bf16 (2 bytes a weight) against the blocks' ~1.1: the bf16 stack's step reads more
     assert on_stack - on_blocks > 0.3 * 2 * projection_weights
