@@ -110,8 +110,9 @@ class FastDecodeLayer:
         found = self.bound.get(kv_cache)
         if found is None:
             entry = BlockStackLayer.from_buffer_copy(self.entry)
-            keys = kv_cache.key_caches[self.layer_idx]
-            entry.keys, entry.values = keys.data_ptr(), kv_cache.value_caches[self.layer_idx].data_ptr()
+            keys, values = (kv_cache.key_caches[self.layer_idx],
+                            kv_cache.value_caches[self.layer_idx])
+            entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
             shape = BlockStackShape.from_buffer_copy(self.shape)
             shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
             found = self.bound[kv_cache] = (entry, shape)
@@ -145,7 +146,8 @@ def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
 
 def _caches_fit(kv_cache, layer_indices) -> bool:
     """The layers' key and value caches are contiguous and all fp32 or all bf16."""
-    caches = [c for i in layer_indices for c in (kv_cache.key_caches[i], kv_cache.value_caches[i])]
+    caches = [cache for i in layer_indices
+              for cache in (kv_cache.key_caches[i], kv_cache.value_caches[i])]
     return (len({c.dtype for c in caches}) == 1
             and caches[0].dtype in (torch.float32, torch.bfloat16)
             and all(c.is_contiguous() for c in caches))
@@ -220,7 +222,8 @@ class FastDecodeStack:
                 entry.keys = kv_cache.key_caches[index].data_ptr()
                 entry.values = kv_cache.value_caches[index].data_ptr()
             shape = BlockStackShape.from_buffer_copy(self.shape)
-            shape.kv_bf16 = int(kv_cache.key_caches[self.layer_indices[0]].dtype == torch.bfloat16)
+            first_keys = kv_cache.key_caches[self.layer_indices[0]]
+            shape.kv_bf16 = int(first_keys.dtype == torch.bfloat16)
             found = self.bound[kv_cache] = (entries, shape)
         return found
 
@@ -245,8 +248,8 @@ class FastDecodeStack:
             groups[group] = _group(group_meta, group_cos, group_sin)
         entries, shape = self._bind(kv_cache)
         x = hidden.clone()
-        status = self.function(entries, len(self.layers), ctypes.byref(shape), groups, len(groups),
-                               x.data_ptr(), rows, self.kernels.num_threads)
+        status = self.function(entries, len(self.layers), ctypes.byref(shape), groups,
+                               len(groups), x.data_ptr(), rows, self.kernels.num_threads)
         if status:
             raise RuntimeError(f"block_decoder_stack failed ({status})")
         return x

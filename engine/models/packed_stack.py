@@ -25,9 +25,9 @@ and sliding-window ones (Mistral, Gemma 3's local layers: each layer reads its
 attention group's contexts and, for Gemma 3, its own rotary tables), with bf16
 weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases but
 qkv's, and the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
-bf16-weights, Gemma 3 270M) have no block kernels, so the stack serves their steps
-from one row up: for Gemma 3 270M a one-request decode step took 29-30 ms, now
-18-21 ms (docs/benchmarks.md). Qwen2's, Qwen3's and Mistral's stack equals their
+bf16-weights) have no block kernels, so the stack serves their steps from one row up
+(for Gemma 3 270M, before its short steps moved to the blocks, a one-request decode
+step took 29-30 ms in the layer loop, 18-21 ms here: docs/benchmarks.md). Qwen2's, Qwen3's and Mistral's stack equals their
 loop bit for bit; Gemma 3's loop runs its (1 + weight) norms and GELU as torch's ops, summed in
 another order, so there the two agree to float rounding.
 
@@ -187,9 +187,9 @@ class PackedStack:
         self.block_rows = block_rows if fast else 0
         """Steps of at most this many rows are the block kernels' (GGUF models whose
         layers all have a FastDecodeLayer, one native call per step at those rows).
-        Other layers with blocks (Gemma 3's) would run them in the Python layer loop,
-        slower at one row than this stack on bf16 weights (it skips ~12 calls per
-        layer), so the stack serves them from one row up."""
+        Layers with blocks but no fast decode path would run those steps in the Python
+        layer loop, slower at one row than this stack on bf16 weights (it skips ~12
+        calls per layer), so the stack serves them from one row up."""
         self.layers = (_Layer * len(layers))(*(entry for entry, _, _ in described))
         self.kept = [tensors for _, tensors, _ in described]  # what the pointers point at
         self.layer_indices = [layer.self_attn.layer_idx for layer in layers]
