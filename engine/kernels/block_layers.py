@@ -1,6 +1,7 @@
 """The native halves of a decoder layer on GGUF blocks (decode_layer.c, block_mlp.c),
-for projections of any block kind: the ctypes mirror of kernels.h's BlockWeight and
-the calls that take it.
+for projections of any block kind: the ctypes mirrors of kernels.h's BlockWeight and
+of decode_layer.c's structs (a layer's weights and caches, the model's sizes, one
+attention group's view of a step), and the calls that take them.
 
 A projection (models/block_weights.py's BlockLinear) reaches C as one BlockWeight:
 its parts in row order, each a kind, a column count and the pointers to its codes,
