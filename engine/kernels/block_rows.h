@@ -37,13 +37,15 @@
 #define ROW_TILE 8   /* activation rows sharing one pass over a weight row */
 #define COLUMN_CHUNK 32   /* columns per work item: a late thread's share is taken over */
 
-/* How far ahead a one-row sweep prefetches its weights: 2 KB of codes (128 q4 blocks,
- * 64 q8 ones) and the scales and minima of the same blocks. A one-row step reads each
+/* How far ahead a sweep prefetches its weights: 2 KB of codes (128 q4 blocks, 64 q8
+ * ones) and the scales and minima of the same blocks. A step of a few rows reads each
  * weight once, and the hardware prefetcher alone kept too few lines in flight: on 2
  * vCPUs of a Xeon, the default model's one-row products from memory, both builds in one
  * process, AVX-512 Q4_1 6.6-6.9 -> 5.4-5.9 ms and the Q8_0 LM head 2.3-2.4 -> 1.8-1.9
- * (docs/benchmarks.md, "one-row sweeps prefetch their weights"). Steps of more rows are
- * bound by their arithmetic and gained nothing from it. */
+ * (docs/benchmarks.md, "one-row sweeps prefetch their weights"); the AVX-512 tiles of
+ * 2-7 rows likewise (Gemma 3 270M's 262,144-column Q8_0 LM head at 3 rows 24.4 ->
+ * 14.4 ms with the tile sizes' own kernels, "Gemma 3 GGUF layers on the fast decode
+ * stack"). Tiles of 8 rows are bound by their arithmetic and gain nothing from it. */
 #define Q4_PREFETCH_BLOCKS 128
 #define Q8_PREFETCH_BLOCKS 64
 
@@ -230,12 +232,15 @@ static __attribute__((noinline, unused)) void q4_rows(
 static __attribute__((noinline, unused)) void q8_rows(
         const int8_t *q, const float *d, const float *m, const float *x, const float *xsum,
         int64_t blocks, int64_t k, int64_t rows, float *y, int64_t n, int halves) {
-    switch (rows) {
+    switch (rows) {     /* as q4_rows: every tile size */
     case 1: q8_rows_impl(q, d, m, x, xsum, blocks, k, 1, y, n, halves); break;
     case 2: q8_rows_impl(q, d, m, x, xsum, blocks, k, 2, y, n, halves); break;
+    case 3: q8_rows_impl(q, d, m, x, xsum, blocks, k, 3, y, n, halves); break;
     case 4: q8_rows_impl(q, d, m, x, xsum, blocks, k, 4, y, n, halves); break;
-    case 8: q8_rows_impl(q, d, m, x, xsum, blocks, k, 8, y, n, halves); break;
-    default: q8_rows_impl(q, d, m, x, xsum, blocks, k, rows, y, n, halves);
+    case 5: q8_rows_impl(q, d, m, x, xsum, blocks, k, 5, y, n, halves); break;
+    case 6: q8_rows_impl(q, d, m, x, xsum, blocks, k, 6, y, n, halves); break;
+    case 7: q8_rows_impl(q, d, m, x, xsum, blocks, k, 7, y, n, halves); break;
+    default: q8_rows_impl(q, d, m, x, xsum, blocks, k, ROW_TILE, y, n, halves);
     }
 }
 

@@ -144,6 +144,11 @@ static inline __attribute__((always_inline)) void q4_rows_avx512(
     __m512 low_acc[ROW_TILE], high_acc[ROW_TILE];
     for (int64_t r = 0; r < rows; r++) low_acc[r] = high_acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
+        if (b % 4 == 0) prefetch_line(q + (b + Q4_PREFETCH_BLOCKS) * 16);
+        if (b % 16 == 0) {
+            prefetch_line(d + b + Q4_PREFETCH_BLOCKS);
+            prefetch_line(m + b + Q4_PREFETCH_BLOCKS);
+        }
         const __m512i lanes = q4_block_lanes(q + b * 16);
         const __m512 table = _mm512_add_ps(_mm512_mul_ps(values, _mm512_set1_ps(d[b])),
                                            _mm512_set1_ps(m[b]));
@@ -163,6 +168,8 @@ static inline __attribute__((always_inline)) void q8_rows_avx512(
     for (int64_t r = 0; r < rows; r++) first_acc[r] = second_acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const float *scales = halves ? d + 2 * b : d + b;
+        if (b % 2 == 0) prefetch_line(q + (b + Q8_PREFETCH_BLOCKS) * BLOCK);
+        if (b % 8 == 0) prefetch_line(scales + (halves ? 2 : 1) * Q8_PREFETCH_BLOCKS);
         const __m512 first = _mm512_mul_ps(q8_values(q + b * BLOCK), _mm512_set1_ps(scales[0]));
         const __m512 second = _mm512_mul_ps(q8_values(q + b * BLOCK + 16),
                                             _mm512_set1_ps(scales[halves ? 1 : 0]));
