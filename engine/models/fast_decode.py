@@ -69,7 +69,8 @@ class FastDecodeLayer:
             attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, 0,
             GATED_ACTIVATIONS[layer.mlp.fused.activation])
         self.bound = weakref.WeakKeyDictionary()
-        """cache -> (entry, shape) pointing at that cache, as FastDecodeStack's."""
+        """cache -> ([entry], shape) pointing at that cache, or None (_bound_to), as
+        FastDecodeStack's."""
 
     def _entry(self) -> BlockStackLayer:
         weights = [None if w is None else w.data_ptr() for w in self.norm_weights]
@@ -106,16 +107,11 @@ class FastDecodeLayer:
                         for norm in (first, second, attn_out, mlp_out, q_norm, k_norm))
                 and _pair_fits(attn_out, mlp_out) and _pair_fits(q_norm, k_norm))
 
-    def _bind(self, kv_cache) -> tuple[BlockStackLayer, BlockStackShape]:
-        found = self.bound.get(kv_cache)
-        if found is None:
-            entry = BlockStackLayer.from_buffer_copy(self.entry)
-            keys, values = (kv_cache.key_caches[self.layer_idx],
-                            kv_cache.value_caches[self.layer_idx])
-            entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
-            shape = BlockStackShape.from_buffer_copy(self.shape)
-            shape.kv_bf16 = int(keys.dtype == torch.bfloat16)
-            found = self.bound[kv_cache] = (entry, shape)
+    def _bind(self, kv_cache) -> tuple | None:
+        found = self.bound.get(kv_cache, False)
+        if found is False:
+            found = self.bound[kv_cache] = _bound_to(
+                (BlockStackLayer * 1)(self.entry), [self.layer_idx], self.shape, kv_cache)
         return found
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -126,11 +122,14 @@ class FastDecodeLayer:
         group_meta = meta.sliding if self.group == SLIDING else meta
         if not (group_meta is not None and hidden.dim() == 2
                 and hidden.shape[0] <= self.max_rows and _is_cpu_fp32(hidden)
-                and _step_fits(group_meta, cos, sin, hidden.shape[0], self.attn.head_dim)
-                and _caches_fit(kv_cache, [self.layer_idx])):
+                and _step_fits(group_meta, cos, sin, hidden.shape[0], self.attn.head_dim)):
             return None
-        entry, shape = self._bind(kv_cache)
-        return decoder_layer(self.kernels, hidden, entry, shape, _group(group_meta, cos, sin))
+        bound = self._bind(kv_cache)
+        if bound is None:
+            return None
+        entries, shape = bound
+        return decoder_layer(self.kernels, hidden, entries[0], shape,
+                             _group(group_meta, cos, sin))
 
 
 def _pair_fits(one, other) -> bool:
@@ -144,13 +143,25 @@ def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
-def _caches_fit(kv_cache, layer_indices) -> bool:
-    """The layers' key and value caches are contiguous and all fp32 or all bf16."""
+def _bound_to(entries, layer_indices: list[int], shape: BlockStackShape,
+              kv_cache) -> tuple | None:
+    """Copies of `entries` (one per layer of layer_indices) pointing at those layers'
+    caches, and of `shape` with the caches' dtype; None where the caches are not all
+    contiguous and all fp32 or all bf16. Built once per cache (a cache keeps its
+    tensors), so steps check nothing of it."""
     caches = [cache for i in layer_indices
               for cache in (kv_cache.key_caches[i], kv_cache.value_caches[i])]
-    return (len({c.dtype for c in caches}) == 1
+    if not (len({c.dtype for c in caches}) == 1
             and caches[0].dtype in (torch.float32, torch.bfloat16)
-            and all(c.is_contiguous() for c in caches))
+            and all(c.is_contiguous() for c in caches)):
+        return None
+    entries = (BlockStackLayer * len(entries))(*entries)                 # copies
+    for entry, index in zip(entries, layer_indices):
+        entry.keys = kv_cache.key_caches[index].data_ptr()
+        entry.values = kv_cache.value_caches[index].data_ptr()
+    shape = BlockStackShape.from_buffer_copy(shape)
+    shape.kv_bf16 = int(caches[0].dtype == torch.bfloat16)
+    return entries, shape
 
 
 _recent: tuple = ()
@@ -198,8 +209,9 @@ class FastDecodeStack:
         self.groups = sorted({layer.group for layer in layers})
         """The attention groups the layers read (FULL, SLIDING)."""
         self.bound = weakref.WeakKeyDictionary()
-        """cache -> (entries, shape) pointing at that cache (one pair per cache:
-        engines with caches of their own never share what a call reads)."""
+        """cache -> (entries, shape) pointing at that cache, or None where its tensors
+        do not fit (_bound_to; one pair per cache: engines with caches of their own
+        never share what a call reads)."""
 
     @staticmethod
     def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
@@ -214,17 +226,11 @@ class FastDecodeStack:
             return None
         return FastDecodeStack(layers, kernels)
 
-    def _bind(self, kv_cache):
-        found = self.bound.get(kv_cache)
-        if found is None:
-            entries = (BlockStackLayer * len(self.layers))(*self.entries)       # copies
-            for entry, index in zip(entries, self.layer_indices):
-                entry.keys = kv_cache.key_caches[index].data_ptr()
-                entry.values = kv_cache.value_caches[index].data_ptr()
-            shape = BlockStackShape.from_buffer_copy(self.shape)
-            first_keys = kv_cache.key_caches[self.layer_indices[0]]
-            shape.kv_bf16 = int(first_keys.dtype == torch.bfloat16)
-            found = self.bound[kv_cache] = (entries, shape)
+    def _bind(self, kv_cache) -> tuple | None:
+        found = self.bound.get(kv_cache, False)
+        if found is False:
+            found = self.bound[kv_cache] = _bound_to(self.entries, self.layer_indices,
+                                                     self.shape, kv_cache)
         return found
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -234,8 +240,7 @@ class FastDecodeStack:
         rotary tables of the full-attention layers (of every layer without
         `sliding_rope`); sliding_rope: Gemma 3's (cos, sin) of its local layers."""
         rows = hidden.shape[0]
-        if not (hidden.dim() == 2 and rows <= self.max_rows and _is_cpu_fp32(hidden)
-                and _caches_fit(kv_cache, self.layer_indices)):
+        if not (hidden.dim() == 2 and rows <= self.max_rows and _is_cpu_fp32(hidden)):
             return None
         groups = (BlockStackGroup * 2)()
         for group in self.groups:
@@ -246,7 +251,10 @@ class FastDecodeStack:
                                                     self.shape.dim):
                 return None
             groups[group] = _group(group_meta, group_cos, group_sin)
-        entries, shape = self._bind(kv_cache)
+        bound = self._bind(kv_cache)
+        if bound is None:
+            return None
+        entries, shape = bound
         x = hidden.clone()
         status = self.function(entries, len(self.layers), ctypes.byref(shape), groups,
                                len(groups), x.data_ptr(), rows, self.kernels.num_threads)
