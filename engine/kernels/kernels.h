@@ -90,6 +90,19 @@ int prefill_attention_bf16(const float *q, int64_t q_stride, const uint16_t *key
                            int64_t num_slots, int64_t first_key, int64_t start, int64_t n,
                            int64_t heads, int64_t kv_heads, int64_t dim, int64_t window,
                            float scale, float *out, int64_t out_stride, int num_threads);
+/* One chunk of prefill_attention_runs: n queries from q (q_stride floats apart), at
+ * positions start .., over the num_keys slots of `slots` (positions first_key ..),
+ * causal and, with window > 0, in a sliding window; outputs from out. */
+typedef struct {
+    const float *q;
+    float *out;
+    const int64_t *slots;
+    int64_t num_keys, first_key, start, n, window;
+} PrefillRun;
+int prefill_attention_runs(const PrefillRun *runs, int64_t num_runs, int64_t q_stride,
+                           int64_t out_stride, const uint16_t *keys, const uint16_t *values,
+                           int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                           int num_threads);
 
 /* attention_vectors.c (AVX-512) or attention_avx2.c (AVX2 and FMA): the vector
  * passes of decode attention over one context range (slots row[0 .. count)) of an

@@ -14,9 +14,12 @@
  *
  * For each query: scores of every query head against every context key, a softmax
  * per query head, and the probability-weighted sum of the values, written to
- * out[b, H, D]. Keys and values are read in place, once per query (a prefill chunk's
- * rows each re-read their request's context, mostly from the CPU's caches): no
- * gathered copy of the context, no padded matmuls. Requests are split over `num_threads`
+ * out[b, H, D]. Keys and values are read in place, once per query: no gathered copy
+ * of the context, no padded matmuls. Over a bf16 cache the rows of a prefill chunk
+ * (8 or more, find_runs) go to prefill_attention.c's blocked tiles instead, where a
+ * block of queries shares each key it loads: one at a time, each row re-read its
+ * request's context (21 chunks of 98 rows x 30 layers: 176 ms one row at a time, 89
+ * ms on the tiles, docs/benchmarks.md). Requests are split over `num_threads`
  * threads (worker_pool.h); when there are too few to keep the threads busy (one
  * request, long context), each context is cut into chunks whose partial softmaxes
  * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
@@ -38,7 +41,8 @@ typedef struct {
     const int64_t *slots, *lengths;
     const int64_t *slot_rows; /* query b reads slots row slot_rows[b]; NULL: row b */
     const int64_t *starts;    /* from entry starts[b] of that row; NULL: entry 0 */
-    int64_t batch, width, heads, kv_heads, dim;
+    const int64_t *order;     /* the queries this job attends (rows of q), or NULL: 0 .. */
+    int64_t batch, width, heads, kv_heads, dim;   /* batch: how many it attends */
     int64_t q_stride;        /* floats from one request's queries to the next's */
     float scale;
     float *out;
@@ -193,7 +197,8 @@ static void attention_part(const void *arg, int part, int parts) {
     float *scores = job->scratch + (int64_t)part * heads * (2 * job->span + 1);
     int64_t item, limit;
     while ((item = work_ranges_take(job->items, part, &limit)) >= 0) {
-        const int64_t b = item / job->chunks, chunk = item % job->chunks;
+        const int64_t i = item / job->chunks, chunk = item % job->chunks;
+        const int64_t b = job->order ? job->order[i] : i;
         const int64_t length = job->lengths[b];
         if (job->chunks > 1) {
             attend_range(job, b, length * chunk / job->chunks,
@@ -216,17 +221,18 @@ static void attention_part(const void *arg, int part, int parts) {
  * out = sum_c weight_c * acc_c / sum_c weight_c * sum_c. */
 static void merge(const AttentionJob *job) {
     const int64_t heads = job->heads, dim = job->dim;
-    for (int64_t b = 0; b < job->batch; b++) {
+    for (int64_t i = 0; i < job->batch; i++) {
+        const int64_t b = job->order ? job->order[i] : i;
         for (int64_t hq = 0; hq < heads; hq++) {
             float *out = job->out + (b * heads + hq) * dim;
             float top = -INFINITY, total = 0.0f;
             for (int64_t c = 0; c < job->chunks; c++) {
-                const float *piece = job->partials + ((b * job->chunks + c) * heads + hq) * (dim + 2);
+                const float *piece = job->partials + ((i * job->chunks + c) * heads + hq) * (dim + 2);
                 if (piece[1] > 0.0f && piece[0] > top) top = piece[0];
             }
             memset(out, 0, sizeof(float) * dim);
             for (int64_t c = 0; c < job->chunks; c++) {
-                const float *piece = job->partials + ((b * job->chunks + c) * heads + hq) * (dim + 2);
+                const float *piece = job->partials + ((i * job->chunks + c) * heads + hq) * (dim + 2);
                 if (piece[1] <= 0.0f) continue;           /* an empty chunk */
                 const float weight = expf(piece[0] - top);
                 total += weight * piece[1];
@@ -244,8 +250,90 @@ static int64_t choose_chunks(int64_t requests, int64_t longest, int parts) {
     return chunks > longest / 32 ? longest / 32 : chunks;
 }
 
+#define MIN_RUN_ROWS 8
+/* Prefill chunks of at least this many rows go to prefill_attention.c's blocked tiles,
+ * which share each key they load between a block of queries. */
+
+/* Whether query b continues the run of chunk rows ending at b - 1: the same slot row,
+ * one key further, and the run's window (*window, 0 while none is seen) fits its start:
+ * a row ending at key e starts at max(0, e - window). */
+static int continues_run(const int64_t *slot_rows, const int64_t *starts,
+                         const int64_t *lengths, int64_t b, int64_t *window) {
+    const int64_t first = starts ? starts[b] : 0, end = first + lengths[b];
+    const int64_t before_end = (starts ? starts[b - 1] : 0) + lengths[b - 1];
+    if (slot_rows[b] != slot_rows[b - 1] || end != before_end + 1) return 0;
+    if (*window > 0) return first == (end > *window ? end - *window : 0);
+    if (first == 0) return 1;
+    if (before_end > lengths[b]) return 0;         /* the earlier rows saw more keys */
+    *window = lengths[b];
+    return 1;
+}
+
+/* Cuts the queries into runs of a prefill chunk's rows (MIN_RUN_ROWS or more, each
+ * row over one more key of its request's slot row than the last) and the rest:
+ * returns how many runs it wrote to runs, the rest's indices in order (*rest of them).
+ * Worked example: rows of slot rows {0, 1, 1, ..., 1} (a decode, then a 20-row chunk
+ * at positions 30 .. 49) with lengths {7, 31, 32, ..., 50}: order = {0}, one run of
+ * 20 queries at positions 30 .. 49 over the row's first 50 keys. */
+static int64_t find_runs(const float *q, int64_t q_stride, float *out, int64_t out_stride,
+                         const int64_t *slots, const int64_t *slot_rows,
+                         const int64_t *starts, const int64_t *lengths, int64_t batch,
+                         int64_t width, PrefillRun *runs, int64_t *order, int64_t *rest) {
+    int64_t num_runs = 0;
+    *rest = 0;
+    for (int64_t b = 0; b < batch;) {
+        int64_t window = starts && starts[b] > 0 ? lengths[b] : 0, next = b + 1;
+        while (next < batch && continues_run(slot_rows, starts, lengths, next, &window)) next++;
+        if (next - b < MIN_RUN_ROWS) {
+            for (; b < next; b++) order[(*rest)++] = b;
+            continue;
+        }
+        const int64_t end = (starts ? starts[b] : 0) + lengths[b];   /* keys of query b */
+        runs[num_runs++] = (PrefillRun){q + b * q_stride, out + b * out_stride,
+                                        slots + slot_rows[b] * width,
+                                        end + next - b - 1, 0, end - 1, next - b, window};
+        b = next;
+    }
+    return num_runs;
+}
+
+/* The queries in order[0 .. count) (all `batch` without order), one row at a time. */
+static int attend_rows(const float *q, int64_t q_stride, const void *keys,
+                       const void *values, int kv_bf16, const int64_t *slots,
+                       const int64_t *slot_rows, const int64_t *starts, const int64_t *order,
+                       const int64_t *lengths, int64_t count, int64_t width, int64_t heads,
+                       int64_t kv_heads, int64_t dim, float scale, float *out, int parts) {
+    int64_t longest = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t length = lengths[order ? order[i] : i];
+        longest = length > longest ? length : longest;
+    }
+    const int64_t chunks = choose_chunks(count, longest, parts);
+    const int64_t span = (longest + chunks - 1) / chunks;
+    float *scratch = malloc(sizeof(float) * parts * heads * (2 * span + 1));
+    float *partials = malloc(sizeof(float) * (chunks > 1 ? count * chunks : parts) * heads *
+                             (dim + 2));
+    if (!scratch || !partials) {
+        free(scratch);
+        free(partials);
+        return 2;
+    }
+    WorkRanges items;
+    work_ranges_init(&items, count * chunks, parts);
+    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, starts, order,
+                        count, width, heads, kv_heads, dim, q_stride, scale, out, chunks, span,
+                        scratch, partials, &items};
+    run_parallel(attention_part, &job, parts);
+    if (chunks > 1) merge(&job);
+    free(scratch);
+    free(partials);
+    return 0;
+}
+
 /* Attention of `batch` requests whose queries start q_stride floats apart; out is
- * [batch, heads, dim]. Returns 0, or an error code (see paged_decode_attention). */
+ * [batch, heads, dim]. Over a bf16 cache, prefill chunks' runs of rows go to the
+ * blocked kernel (find_runs), the other rows one at a time. Returns 0, or an error
+ * code (see paged_decode_attention). */
 static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          const void *values, int kv_bf16, const int64_t *slots,
                          const int64_t *slot_rows, const int64_t *starts, int64_t num_rows,
@@ -254,34 +342,30 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          int num_threads) {
     if (batch <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return 1;
-    int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t first = starts ? starts[b] : 0;
         if (lengths[b] < 1 || first < 0 || first + lengths[b] > width) return 3;
         if (slot_rows && (slot_rows[b] < 0 || slot_rows[b] >= num_rows)) return 4;
-        longest = lengths[b] > longest ? lengths[b] : longest;
     }
     const int parts = num_threads < 1 ? 1 : num_threads;
-    const int64_t chunks = choose_chunks(batch, longest, parts);
-    const int64_t span = (longest + chunks - 1) / chunks;
-    float *scratch = malloc(sizeof(float) * parts * heads * (2 * span + 1));
-    float *partials = malloc(sizeof(float) * (chunks > 1 ? batch * chunks : parts) * heads *
-                             (dim + 2));
-    if (!scratch || !partials) {
-        free(scratch);
-        free(partials);
-        return 2;
-    }
-    WorkRanges items;
-    work_ranges_init(&items, batch * chunks, parts);
-    AttentionJob job = {q, keys, values, kv_bf16, slots, lengths, slot_rows, starts, batch, width,
-                        heads, kv_heads, dim, q_stride, scale, out, chunks, span, scratch,
-                        partials, &items};
-    run_parallel(attention_part, &job, parts);
-    if (chunks > 1) merge(&job);
-    free(scratch);
-    free(partials);
-    return 0;
+    if (!(kv_bf16 && slot_rows && batch >= MIN_RUN_ROWS && prefill_attention_apply(dim)))
+        return attend_rows(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, NULL,
+                           lengths, batch, width, heads, kv_heads, dim, scale, out, parts);
+    PrefillRun *runs = malloc(sizeof(PrefillRun) * (batch / MIN_RUN_ROWS));
+    int64_t *order = malloc(sizeof(int64_t) * batch), rest = 0;
+    int status = runs && order ? 0 : 2;
+    const int64_t num_runs = status ? 0
+        : find_runs(q, q_stride, out, heads * dim, slots, slot_rows, starts, lengths, batch,
+                    width, runs, order, &rest);
+    if (!status && rest)
+        status = attend_rows(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, order,
+                             lengths, rest, width, heads, kv_heads, dim, scale, out, parts);
+    if (!status && num_runs)
+        status = prefill_attention_runs(runs, num_runs, q_stride, heads * dim, keys, values,
+                                        heads, kv_heads, dim, scale, parts);
+    free(runs);
+    free(order);
+    return status;
 }
 
 /* q: query b's [H, D] start at q + b * q_stride (a step's fused qkv rows serve as they
