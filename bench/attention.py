@@ -2,6 +2,11 @@
 step reads them, for B requests of C context tokens each.
 
     python -m bench.attention --batch 1,8,32 --context 1000,4000 --json attention.json
+    python -m bench.attention --batch 21 --context 98 --chunk-rows 98 --cache-dtype bfloat16
+
+With `--chunk-rows N` each request is a prefill chunk of N rows instead of one decode
+row: its queries at positions C - N .. C - 1, each over its causal context, the way a
+mixed step's short chunks reach the kernel (one call per layer, `slot_rows`).
 
 Each layer has its own K and V arrays (default 30 layers, 9 query heads on 3 KV heads
 of 64: the default model), so a step's K/V come from memory, not from the CPU's
@@ -24,20 +29,25 @@ from .report import write_json
 
 
 def time_attention(kernels, batch: int, context: int, layers: int, heads: int,
-                   kv_heads: int, dim: int, dtype: torch.dtype, repeats: int) -> float:
-    """Median seconds of `layers` kernel calls, one per layer's cache."""
+                   kv_heads: int, dim: int, dtype: torch.dtype, repeats: int,
+                   chunk_rows: int = 1) -> float:
+    """Median seconds of `layers` kernel calls, one per layer's cache; each request
+    a chunk of `chunk_rows` query rows ending at its context's last position."""
     generator = torch.Generator().manual_seed(batch * 7919 + context)
     slots = batch * context
     caches = [(torch.randn(slots, kv_heads, dim, generator=generator).to(dtype),
                torch.randn(slots, kv_heads, dim, generator=generator).to(dtype))
               for _ in range(layers)]
-    query = torch.randn(batch, heads, dim, generator=generator)
-    slot_rows = torch.arange(slots).view(batch, context)      # pages in order, as allocated
-    lengths = torch.full((batch,), context)
+    query = torch.randn(batch * chunk_rows, heads, dim, generator=generator)
+    slots_of = torch.arange(slots).view(batch, context)       # pages in order, as allocated
+    # row r of request b sees context - chunk_rows + 1 + r keys of slots row b
+    lengths = (context - chunk_rows + 1 + torch.arange(chunk_rows)).repeat(batch)
+    slot_rows = torch.arange(batch).repeat_interleave(chunk_rows) if chunk_rows > 1 else None
 
     def step() -> None:
         for keys, values in caches:
-            kernels.paged_decode_attention(query, keys, values, slot_rows, lengths, dim ** -0.5)
+            kernels.paged_decode_attention(query, keys, values, slots_of, lengths, dim ** -0.5,
+                                           slot_rows=slot_rows)
 
     return median_seconds(step, repeats)
 
@@ -52,9 +62,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--cache-dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--chunk-rows", type=int, default=1,
+                        help="query rows per request: 1 (decode) or a prefill chunk's")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if not 1 <= args.chunk_rows <= min(int(c) for c in args.context.split(",")):
+        parser.error("--chunk-rows must be between 1 and the shortest --context")
     kernels = load_native_kernels()
     if kernels is None:
         raise SystemExit("the native kernels are not built here (no C compiler?)")
@@ -64,7 +78,8 @@ def main(argv=None) -> dict:
     for context in (int(c) for c in args.context.split(",")):
         for batch in (int(b) for b in args.batch.split(",")):
             seconds = time_attention(kernels, batch, context, args.layers, args.heads,
-                                     args.kv_heads, args.head_dim, dtype, args.repeats)
+                                     args.kv_heads, args.head_dim, dtype, args.repeats,
+                                     args.chunk_rows)
             read = 2 * batch * context * args.kv_heads * args.head_dim * dtype.itemsize \
                 * args.layers
             rows.append({"batch": batch, "context": context, "step_ms": round(seconds * 1e3, 3),
@@ -73,6 +88,7 @@ def main(argv=None) -> dict:
                   f"K/V {read / 1e6:7.1f} MB at {read / seconds / 1e9:5.1f} GB/s "
                   f"(copy bandwidth {bandwidth:.1f} GB/s)")
     report = {"layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+              "chunk_rows": args.chunk_rows,
               "head_dim": args.head_dim, "cache_dtype": args.cache_dtype,
               "vector_path": kernels.vector_attention(args.head_dim),
               "copy_bandwidth_gbs": bandwidth, "steps": rows}

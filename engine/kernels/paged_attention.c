@@ -18,8 +18,8 @@
  * of the context, no padded matmuls. Over a bf16 cache the rows of a prefill chunk
  * (8 or more, find_runs) go to prefill_attention.c's blocked tiles instead, where a
  * block of queries shares each key it loads: one at a time, each row re-read its
- * request's context (21 chunks of 98 rows x 30 layers: 176 ms one row at a time, 89
- * ms on the tiles, docs/benchmarks.md). Requests are split over `num_threads`
+ * request's context (21 chunks of 98 rows x 30 layers: 107-110 ms one row at a time,
+ * 64 ms on the tiles, docs/benchmarks.md). Requests are split over `num_threads`
  * threads (worker_pool.h); when there are too few to keep the threads busy (one
  * request, long context), each context is cut into chunks whose partial softmaxes
  * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
