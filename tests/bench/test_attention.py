@@ -23,3 +23,15 @@ def test_attention_benchmark_reports_each_combination(tmp_path, cache_dtype, ite
                                      * itemsize / 1e6, 3)
         assert row["step_ms"] > 0
         assert row["read_gbs"] == pytest.approx(row["kv_mb"] / row["step_ms"], rel=0.05)
+
+
+def test_chunk_rows_are_timed_and_checked(tmp_path):
+    """--chunk-rows runs each request as a prefill chunk (rows over growing contexts);
+    more rows than the context holds is refused before anything runs."""
+    report_path = tmp_path / "chunks.json"
+    main(["--batch", "2", "--context", "24", "--chunk-rows", "12", "--layers", "1",
+          "--repeats", "1", "--cache-dtype", "bfloat16", "--json", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert report["chunk_rows"] == 12 and report["steps"][0]["step_ms"] > 0
+    with pytest.raises(SystemExit):
+        main(["--batch", "1", "--context", "8", "--chunk-rows", "9"])
