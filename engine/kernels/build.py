@@ -1,7 +1,8 @@
 """Build and load the engine's native CPU kernels (their Python front is native.py):
 matrix products on GGUF weight blocks (block_gemm.c, block_mlp.c, block_panels.c),
 decode attention over the paged cache (paged_attention.c, attention_vectors.c,
-attention_avx2.c) and of long prefill chunks (prefill_attention.c), a decoder
+attention_avx2.c) and of prefill chunks (prefill_attention.c; a mixed step's chunk
+rows found by step_runs.c), a decoder
 layer's elementwise parts (layer_ops.c, activations.c), the fast decode layer's two
 halves (decode_layer.c), a step's whole layer stack on bf16 weights
 (decoder_stack.c), the bf16 LM head's finish (head_rescore.c) and greedy picks
@@ -35,10 +36,10 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "block_mlp.c", "block_panels.c",
-                        "paged_attention.c", "attention_vectors.c", "attention_avx2.c",
-                        "attention_bf16.c", "prefill_attention.c", "bf16_gemm.c",
-                        "activations.c", "head_rescore.c", "argmax.c", "layer_ops.c",
-                        "decode_layer.c", "decoder_stack.c", "worker_pool.c",
+                        "paged_attention.c", "step_runs.c", "attention_vectors.c",
+                        "attention_avx2.c", "attention_bf16.c", "prefill_attention.c",
+                        "bf16_gemm.c", "activations.c", "head_rescore.c", "argmax.c",
+                        "layer_ops.c", "decode_layer.c", "decoder_stack.c", "worker_pool.c",
                         "bf16_amx.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",

@@ -104,6 +104,16 @@ int prefill_attention_runs(const PrefillRun *runs, int64_t num_runs, int64_t q_s
                            int64_t heads, int64_t kv_heads, int64_t dim, float scale,
                            int num_threads);
 
+/* step_runs.c: a step's query rows (paged_decode_attention's arguments) cut into runs
+ * of one prefill chunk's rows, PREFILL_RUN_MIN_ROWS or more, written to runs (at most
+ * batch / PREFILL_RUN_MIN_ROWS); returns how many. The other rows' indices go to order,
+ * in order, *rest of them. */
+#define PREFILL_RUN_MIN_ROWS 8
+int64_t find_prefill_runs(const float *q, int64_t q_stride, float *out, int64_t out_stride,
+                          const int64_t *slots, const int64_t *slot_rows,
+                          const int64_t *starts, const int64_t *lengths, int64_t batch,
+                          int64_t width, PrefillRun *runs, int64_t *order, int64_t *rest);
+
 /* attention_vectors.c (AVX-512) or attention_avx2.c (AVX2 and FMA): the vector
  * passes of decode attention over one context range (slots row[0 .. count)) of an
  * fp32 or (kv_bf16) bf16 cache; attention_vectors_apply says whether they serve head

@@ -16,7 +16,7 @@
  * per query head, and the probability-weighted sum of the values, written to
  * out[b, H, D]. Keys and values are read in place, once per query: no gathered copy
  * of the context, no padded matmuls. Over a bf16 cache the rows of a prefill chunk
- * (8 or more, find_runs) go to prefill_attention.c's blocked tiles instead, where a
+ * (8 or more, step_runs.c) go to prefill_attention.c's blocked tiles instead, where a
  * block of queries shares each key it loads: one at a time, each row re-read its
  * request's context (21 chunks of 98 rows x 30 layers: 107-110 ms one row at a time,
  * 64 ms on the tiles, docs/benchmarks.md). Requests are split over `num_threads`
@@ -250,53 +250,6 @@ static int64_t choose_chunks(int64_t requests, int64_t longest, int parts) {
     return chunks > longest / 32 ? longest / 32 : chunks;
 }
 
-#define MIN_RUN_ROWS 8
-/* Prefill chunks of at least this many rows go to prefill_attention.c's blocked tiles,
- * which share each key they load between a block of queries. */
-
-/* Whether query b continues the run of chunk rows ending at b - 1: the same slot row,
- * one key further, and the run's window (*window, 0 while none is seen) fits its start:
- * a row ending at key e starts at max(0, e - window). */
-static int continues_run(const int64_t *slot_rows, const int64_t *starts,
-                         const int64_t *lengths, int64_t b, int64_t *window) {
-    const int64_t first = starts ? starts[b] : 0, end = first + lengths[b];
-    const int64_t before_end = (starts ? starts[b - 1] : 0) + lengths[b - 1];
-    if (slot_rows[b] != slot_rows[b - 1] || end != before_end + 1) return 0;
-    if (*window > 0) return first == (end > *window ? end - *window : 0);
-    if (first == 0) return 1;
-    if (before_end > lengths[b]) return 0;         /* the earlier rows saw more keys */
-    *window = lengths[b];
-    return 1;
-}
-
-/* Cuts the queries into runs of a prefill chunk's rows (MIN_RUN_ROWS or more, each
- * row over one more key of its request's slot row than the last) and the rest:
- * returns how many runs it wrote to runs, the rest's indices in order (*rest of them).
- * Worked example: rows of slot rows {0, 1, 1, ..., 1} (a decode, then a 20-row chunk
- * at positions 30 .. 49) with lengths {7, 31, 32, ..., 50}: order = {0}, one run of
- * 20 queries at positions 30 .. 49 over the row's first 50 keys. */
-static int64_t find_runs(const float *q, int64_t q_stride, float *out, int64_t out_stride,
-                         const int64_t *slots, const int64_t *slot_rows,
-                         const int64_t *starts, const int64_t *lengths, int64_t batch,
-                         int64_t width, PrefillRun *runs, int64_t *order, int64_t *rest) {
-    int64_t num_runs = 0;
-    *rest = 0;
-    for (int64_t b = 0; b < batch;) {
-        int64_t window = starts && starts[b] > 0 ? lengths[b] : 0, next = b + 1;
-        while (next < batch && continues_run(slot_rows, starts, lengths, next, &window)) next++;
-        if (next - b < MIN_RUN_ROWS) {
-            for (; b < next; b++) order[(*rest)++] = b;
-            continue;
-        }
-        const int64_t end = (starts ? starts[b] : 0) + lengths[b];   /* keys of query b */
-        runs[num_runs++] = (PrefillRun){q + b * q_stride, out + b * out_stride,
-                                        slots + slot_rows[b] * width,
-                                        end + next - b - 1, 0, end - 1, next - b, window};
-        b = next;
-    }
-    return num_runs;
-}
-
 /* The queries in order[0 .. count) (all `batch` without order), one row at a time. */
 static int attend_rows(const float *q, int64_t q_stride, const void *keys,
                        const void *values, int kv_bf16, const int64_t *slots,
@@ -332,7 +285,7 @@ static int attend_rows(const float *q, int64_t q_stride, const void *keys,
 
 /* Attention of `batch` requests whose queries start q_stride floats apart; out is
  * [batch, heads, dim]. Over a bf16 cache, prefill chunks' runs of rows go to the
- * blocked kernel (find_runs), the other rows one at a time. Returns 0, or an error
+ * blocked kernel (find_prefill_runs), the other rows one at a time. Returns 0, or an error
  * code (see paged_decode_attention). */
 static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          const void *values, int kv_bf16, const int64_t *slots,
@@ -348,14 +301,14 @@ static int attention_run(const float *q, int64_t q_stride, const void *keys,
         if (slot_rows && (slot_rows[b] < 0 || slot_rows[b] >= num_rows)) return 4;
     }
     const int parts = num_threads < 1 ? 1 : num_threads;
-    if (!(kv_bf16 && slot_rows && batch >= MIN_RUN_ROWS && prefill_attention_apply(dim)))
+    if (!(kv_bf16 && slot_rows && batch >= PREFILL_RUN_MIN_ROWS && prefill_attention_apply(dim)))
         return attend_rows(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, NULL,
                            lengths, batch, width, heads, kv_heads, dim, scale, out, parts);
-    PrefillRun *runs = malloc(sizeof(PrefillRun) * (batch / MIN_RUN_ROWS));
+    PrefillRun *runs = malloc(sizeof(PrefillRun) * (batch / PREFILL_RUN_MIN_ROWS));
     int64_t *order = malloc(sizeof(int64_t) * batch), rest = 0;
     int status = runs && order ? 0 : 2;
     const int64_t num_runs = status ? 0
-        : find_runs(q, q_stride, out, heads * dim, slots, slot_rows, starts, lengths, batch,
+        : find_prefill_runs(q, q_stride, out, heads * dim, slots, slot_rows, starts, lengths, batch,
                     width, runs, order, &rest);
     if (!status && rest)
         status = attend_rows(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, order,

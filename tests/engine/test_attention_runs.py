@@ -1,6 +1,6 @@
 """Mixed steps over a bf16 cache (kernels/paged_attention.c): the rows of a prefill
 chunk, 8 or more of them, go to prefill_attention.c's blocked tiles as one job
-(find_runs), every other row (decodes, short chunks) is attended one at a time.
+(step_runs.c), every other row (decodes, short chunks) is attended one at a time.
 Checked against float64 attention over the same cache, full and sliding-window
 steps, and against the blocked kernel's own result for each chunk bit for bit (the
 rows took the tiles: one at a time they would differ from it by ~1e-3)."""
