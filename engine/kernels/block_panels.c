@@ -1,17 +1,20 @@
-/* Block matrix products for steps of many rows on AVX2 builds: y[M, N] = x[M, K] @ W^T
- * with W in q4 or q8 blocks (block_rows.h), for steps of PANEL_MIN_ROWS rows and more,
- * where the arithmetic, not the weight bytes, bounds the product.
+/* Block matrix products for steps of many rows: y[M, N] = x[M, K] @ W^T with W in q4
+ * or q8 blocks (block_rows.h), for steps of PANEL_MIN_ROWS rows and more, where the
+ * arithmetic, not the weight bytes, bounds the product.
  *
  * The row kernels (block_rows.h) dot each weight row with up to 8 rows of x, so every
- * FMA also loads a vector of x, and each accumulator takes 4 FMAs in a row per block.
- * Here the weights are dequantized once per step into panels: 16 columns of W by up
- * to PANEL_K values of K, stored k-major (panel[kk * 16 + c] = W[first + c, k0 + kk]),
- * two per chunk of 32 columns, at most 256 KiB in L2. A tile of 6 rows of x then runs
- * over each panel of the chunk with 12 accumulators (6 rows x 2 vectors of 8
- * columns): per k, two panel loads and six broadcasts of x feed 12 independent FMAs,
- * the register blocking of BLIS's 6x16 kernels for AVX2. The sums run in k order per
- * output (continued through y across slices of K where K > PANEL_K), so they equal
- * the dense fp32 product up to rounding.
+ * FMA also loads a vector of x, and each row's sums end in a horizontal reduction per
+ * column. Here the weights are dequantized once per step into panels: 16 columns of W
+ * by up to PANEL_K values of K, stored k-major (panel[kk * 16 + c] = W[first + c, k0 +
+ * kk]), two per chunk of 32 columns, at most 256 KiB in L2. Tiles of rows of x then run
+ * over the panels with register blocking (BLIS's scheme): per k, the panel loads and
+ * one broadcast of x per row feed independent FMAs.
+ *   AVX2 (here): tiles of 6 rows over one panel, 12 accumulators (6 rows x 2 vectors
+ *     of 8 columns), BLIS's 6x16 kernel.
+ *   AVX-512 (block_panels_avx512.h): tiles of 12 rows over both panels of a chunk, 24
+ *     accumulators (12 rows x 2 vectors of 16 columns).
+ * The sums run in k order per output (continued through y across slices of K where K >
+ * PANEL_K), so they equal the dense fp32 product up to rounding.
  *
  * Panels of 256 values of K, each taking every tile in turn, read all of x once per
  * 16 columns and added into y per slice: at 4,096 rows (x 9-25 MB) that streamed
@@ -19,10 +22,10 @@
  * panels of a chunk and the whole of K (75-82 GFLOP/s there; 64 rows 154-194 ->
  * 152-176 ms, within this host's noise).
  *
- * Dequantizing costs about one operation per weight (8 weights of a column per vector,
- * then an 8x8 transpose): ~35 ms per step for the default model's 134M weights on 2
- * Zen 3 cores, against ~2.5 ms per row of tiles, hence panels from 32 rows on. perf at
- * 128 rows: 72% of the samples in the tile loop, 2% unpacking, 1% transposing.
+ * AVX2: dequantizing costs about one operation per weight (8 weights of a column per
+ * vector, then an 8x8 transpose): ~35 ms per step for the default model's 134M weights
+ * on 2 Zen 3 cores, against ~2.5 ms per row of tiles, hence panels from 32 rows on.
+ * perf at 128 rows: 72% of the samples in the tile loop, 2% unpacking, 1% transposing.
  * Columns are shared out in chunks of COLUMN_CHUNK through WorkRanges, as in
  * block_gemm.c.
  */
@@ -37,7 +40,6 @@
 #define PANEL_COLS 16
 #define PANEL_K 2048       /* values of K per panel, at most: 2048 x 16 floats, 128 KiB */
 #define CHUNK_PANELS (COLUMN_CHUNK / PANEL_COLS)
-#define TILE_ROWS 6
 
 typedef struct {
     int kind;                        /* BLOCKS_Q4, BLOCKS_Q8 or BLOCKS_Q8_HALVES */
@@ -48,6 +50,12 @@ typedef struct {
     int64_t ldy;
     WorkRanges *items;
 } PanelJob;
+
+#ifdef __AVX512F__
+#include "block_panels_avx512.h"
+#define TILE_ROWS PANEL_TILE_ROWS
+#else
+#define TILE_ROWS 6
 
 /* rows[j] <- column j of the 8x8 matrix whose row i was rows[i]. */
 static inline void transpose8(__m256 rows[8]) {
@@ -192,11 +200,35 @@ static void panel_tile(const float *x, int64_t k, const float *panel, int64_t co
     }
 }
 
+/* The tile against every panel of a chunk in turn (cols: the chunk's columns). */
+static void chunk_tile(const float *x, int64_t k, float *const *panels, int64_t count, float *y,
+                       int64_t ldy, int tile_rows, int64_t cols, int accumulate) {
+    for (int64_t p0 = 0; p0 < cols; p0 += PANEL_COLS)
+        panel_tile(x, k, panels[p0 / PANEL_COLS], count, y + p0, ldy, tile_rows,
+                   cols - p0 < PANEL_COLS ? cols - p0 : PANEL_COLS, accumulate);
+}
+#endif
+
+/* One panel of the job's weight: columns [p0, p0 + cols), values k0 .. k0 + count. */
+static void unpack_panel(const PanelJob *job, int64_t p0, int64_t cols, int64_t k0,
+                         int64_t count, float *panel) {
+#ifdef __AVX512F__
+    if (job->kind == BLOCKS_Q4)
+        q4_panel_avx512(job->q, job->d, job->m, job->k, p0, cols, k0, count, panel);
+    else
+        q8_panel_avx512(job->q, job->d, job->kind == BLOCKS_Q8_HALVES, job->k, p0, cols, k0,
+                        count, panel);
+#else
+    if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, panel);
+    else q8_panel(job, p0, cols, k0, count, panel);
+#endif
+}
+
 /* Each part's panels: CHUNK_PANELS of up to PANEL_K values of K each (256 KiB, in L2),
  * per thread: libgomp's helpers and the pool's run the parts, and their stacks may be
  * small. */
 static _Thread_local float chunk_panels[CHUNK_PANELS][PANEL_K * PANEL_COLS]
-    __attribute__((aligned(32)));
+    __attribute__((aligned(64)));
 
 /* One chunk of columns [first, last), up to CHUNK_PANELS panels wide: per slice of K,
  * its panels are unpacked, then each tile of rows runs over all of them in turn, so
@@ -207,20 +239,21 @@ static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
     const int panels = (int)((last - first + PANEL_COLS - 1) / PANEL_COLS);
     for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
         const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
+        float *panel_of[CHUNK_PANELS];
         for (int p = 0; p < panels; p++) {
             const int64_t p0 = first + p * PANEL_COLS;
             const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
-            if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, chunk_panels[p]);
-            else q8_panel(job, p0, cols, k0, count, chunk_panels[p]);
+            unpack_panel(job, p0, cols, k0, count, chunk_panels[p]);
+            panel_of[p] = chunk_panels[p];
         }
-        for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-            const int tile_rows = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
-            for (int p = 0; p < panels; p++) {
-                const int64_t p0 = first + p * PANEL_COLS;
-                const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
-                panel_tile(job->x + r0 * k + k0, k, chunk_panels[p], count,
-                           job->y + r0 * job->ldy + p0, job->ldy, tile_rows, cols, k0 > 0);
-            }
+        /* tiles of even sizes (16 rows: 8 + 8, not 12 + 4; 13: 7 + 6): a small last
+         * tile would run its panel loads for few FMAs */
+        const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+        for (int64_t t = 0, r0 = 0; t < tiles; t++) {
+            const int tile_rows = (int)(rows / tiles + (t < rows % tiles));
+            chunk_tile(job->x + r0 * k + k0, k, panel_of, count, job->y + r0 * job->ldy + first,
+                       job->ldy, tile_rows, last - first, k0 > 0);
+            r0 += tile_rows;
         }
     }
 }

@@ -8,8 +8,8 @@ Q6_K: what a Q4_K_M file holds; Q5_K, of Q5_K_M files). The engine's dense fp32 
 blocks dequantized, so the blocks carry the same numbers in 5 to 10 bits per weight
 instead of 32. Decode steps (a few rows) are bound by reading the
 weights, so for them BlockLinear multiplies straight from the blocks
-(engine/kernels/block_gemm.c; on AVX2 builds steps of 32 rows and more through
-panels of dequantized weights, block_panels.c), accumulating in fp32; larger steps
+(engine/kernels/block_gemm.c; steps of many rows through panels of dequantized
+weights, block_panels.c, on AVX2 and AVX-512 builds), accumulating in fp32; larger steps
 are bound by arithmetic and multiply the dense weight (fp32, or bf16 in dtype
 bf16-weights), packed for oneDNN once at load (packed_linear.py).
 
@@ -37,22 +37,25 @@ from .packed_linear import pack_in_place, packed_gated, packed_linear
 logger = logging.getLogger(__name__)
 
 MAX_KERNEL_ROWS = 12
-"""Up to this many rows per step the block kernels beat the dense fp32 matmuls (the
-weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
-oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
-SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs 58 ms,
-12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms (AVX-512 builds and the
-portable loop: `kernel_rows`)."""
-AVX2_KERNEL_ROWS = 128
-"""The same crossover for AVX2 builds of the kernels (8 lanes; CPUs without AVX-512,
-where the dense fp32 matmul is slower too). Their steps of 32 rows and more go
-through panels (block_panels.c), which beat the packed dense matmul well past the
-row kernels' limit: `bench.step --context 100` on a 2-core Zen 3, two alternations,
-blocks vs packed dense: 64 rows 202.4 / 261.8 vs 235.4 / 209.7 ms, 96 rows 273.4 /
-308.7 vs 316.3 / 347.6, 128 rows 384.2 / 435.3 vs 461.8 / 507.0, 192 rows 567.8 /
-642.7 vs 656.8 / 616.1 (even from here on). Prefill chunks of a thousand rows and
-more are oneDNN's: 4 prompts of 1,024 tokens prefill in 16.5 s through panels, 11.5 s
-dense."""
+"""Up to this many rows per step the row kernels of the portable build beat the dense
+fp32 matmuls (the weights' bytes dominate); past it arithmetic dominates and the dense
+matmul on the oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step`
+on SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs
+58 ms, 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms. Also the limit
+of Q5_1 weights on every build (no panels for that form)."""
+PANEL_KERNEL_ROWS = 128
+"""The same crossover for builds with panels (block_panels.c: AVX2, and AVX-512 since
+its own 12 x 32 tiles), which take steps of PANEL_MIN_ROWS rows and more and beat the
+packed dense matmul well past the row kernels' limit.
+AVX-512, `bench.blocks` (every projection and the LM head of the default model, from
+memory) against the same products on oneDNN's packed fp32 weights, 2 vCPUs of a Xeon:
+16 rows 25-26 vs 34-37 ms (row kernels 23-28), 32 rows 38.2 vs 45.8, 64 rows 62.4 vs
+75.0, 128 rows 107.8 vs 120.1, 256 rows 209.6 vs 218.0, 512 rows 412 vs 410 (even).
+AVX2, `bench.step --context 100` on a 2-core Zen 3, two alternations, blocks vs packed
+dense: 64 rows 202.4 / 261.8 vs 235.4 / 209.7 ms, 96 rows 273.4 / 308.7 vs 316.3 /
+347.6, 128 rows 384.2 / 435.3 vs 461.8 / 507.0, 192 rows 567.8 / 642.7 vs 656.8 /
+616.1 (even from here on). Prefill chunks of a thousand rows and more are oneDNN's: 4
+prompts of 1,024 tokens prefill in 16.5 s through AVX2 panels, 11.5 s dense."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
 through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on
@@ -89,7 +92,7 @@ class BlockLinear(nn.Module):
         """The blocks in row order, one entry per kernel form (the buffers, when one)."""
         self.kernels = kernels
         self.max_rows = kernel_rows(kernels)
-        if any(part.kind == "Q5_1" for part in parts):    # no AVX2 panels for this form
+        if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
         """Steps of more rows use the dense weight."""
         self.packed = None
@@ -174,8 +177,9 @@ class FusedBlockMLP:
 
 
 def kernel_rows(kernels) -> int:
-    """Up to how many fp32 rows a step runs on the block kernels of this build."""
-    return AVX2_KERNEL_ROWS if kernels.block_lanes == 8 else MAX_KERNEL_ROWS
+    """Up to how many fp32 rows a step runs on the block kernels of this build: the
+    vector builds (AVX2: 8 lanes, AVX-512: 16) have panels for large steps."""
+    return PANEL_KERNEL_ROWS if kernels.block_lanes in (8, 16) else MAX_KERNEL_ROWS
 
 
 def _joined(parts: list[Blocks]) -> list[Blocks]:

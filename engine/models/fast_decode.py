@@ -4,8 +4,9 @@ At batch 1 a Llama layer costs ~0.4 ms, and a third of it is Python: module call
 wrappers checking their inputs, small torch ops between the kernels. For layers whose
 projections all run on GGUF blocks (models/block_weights.py: any of the kernels'
 kinds, one per projection or several, as in Q4_K_M and Q5_K_M files), a decode-only
-step of at most the projections' `max_rows` requests (MAX_KERNEL_ROWS,
-BF16_KERNEL_ROWS in dtype bf16-weights) takes this path instead of the modules:
+step of at most the projections' `max_rows` requests (kernel_rows: PANEL_KERNEL_ROWS
+on AVX2 and AVX-512 builds, else MAX_KERNEL_ROWS; BF16_KERNEL_ROWS in dtype
+bf16-weights) takes this path instead of the modules:
 
     h = rms_norm(x)
     q, k, v = split(qkv_kernel(h) [+ qkv bias]); [q, k head norms]; rotate q and k

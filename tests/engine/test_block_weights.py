@@ -64,7 +64,7 @@ def test_parsed_blocks_dequantize_as_the_gguf_formula():
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows", [1, 3, KERNEL_ROWS, KERNEL_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", [1, 3, 12, 16, 17, 40, KERNEL_ROWS, KERNEL_ROWS + 1])
 def test_block_linear_equals_the_dense_matmul(kernels, kind, rows):
     blocks = parse_blocks(kind, random_gguf_bytes(kind, 96, 576, seed=rows))
     weight = blocks.dequantize()
@@ -230,10 +230,10 @@ def test_the_tensor_table_reader_refuses_what_it_cannot_read(tmp_path):
 def test_the_block_kernels_report_the_vectors_of_this_cpu(kernels):
     """block_gemm_lanes follows the CPU the library was built for (-march=native), and
     the rows the block kernels take follow it."""
-    from engine.models.block_weights import AVX2_KERNEL_ROWS, MAX_KERNEL_ROWS, kernel_rows
+    from engine.models.block_weights import MAX_KERNEL_ROWS, PANEL_KERNEL_ROWS, kernel_rows
 
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
                   if line.startswith("flags")), [])
     want = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= set(flags) else 1
     assert kernels.block_lanes == want
-    assert kernel_rows(kernels) == (AVX2_KERNEL_ROWS if want == 8 else MAX_KERNEL_ROWS)
+    assert kernel_rows(kernels) == (PANEL_KERNEL_ROWS if want > 1 else MAX_KERNEL_ROWS)
