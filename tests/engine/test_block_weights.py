@@ -237,3 +237,26 @@ def test_the_block_kernels_report_the_vectors_of_this_cpu(kernels):
     want = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= set(flags) else 1
     assert kernels.block_lanes == want
     assert kernel_rows(kernels) == (PANEL_KERNEL_ROWS if want > 1 else MAX_KERNEL_ROWS)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q8_16"])
+@pytest.mark.parametrize("out_features,in_features", [(50, 64), (17, 1536), (33, 4096)])
+def test_panel_steps_equal_the_dense_product(kernels, kind, out_features, in_features):
+    """Steps of many rows run through panels (block_panels.c) on vector builds: every
+    kind, widths that leave a partial panel (50 = 32 + 16 + 2 columns, 17, 33), K past
+    one slice of panel (4,096 > PANEL_K) and tiles of uneven row counts, all within
+    fp32 rounding of the dense product with the dequantized weights."""
+    codes = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
+    if kind == "Q4_1":
+        blocks = parse_blocks(kind, random_gguf_bytes(kind, out_features, in_features, seed=3))
+        codes, minima = blocks.codes, blocks.minima
+        weight = blocks.dequantize()
+    else:
+        groups = in_features // (16 if kind == "Q8_16" else 32)
+        scales = torch.rand(out_features, groups) * 0.02 + 0.001
+        minima = None
+        weight = codes.float() * scales.repeat_interleave(in_features // groups, dim=1)
+    for rows in (16, 17, 25, 40, 64):
+        x = torch.randn(rows, in_features)
+        got = kernels.gemm(kind, x, codes, blocks.scales if kind == "Q4_1" else scales, minima)
+        assert_within_rounding(got, F.linear(x, weight), x, weight)
