@@ -213,11 +213,7 @@ static void chunk_tile(const float *x, int64_t k, float *const *panels, int64_t 
 static void unpack_panel(const PanelJob *job, int64_t p0, int64_t cols, int64_t k0,
                          int64_t count, float *panel) {
 #ifdef __AVX512F__
-    if (job->kind == BLOCKS_Q4)
-        q4_panel_avx512(job->q, job->d, job->m, job->k, p0, cols, k0, count, panel);
-    else
-        q8_panel_avx512(job->q, job->d, job->kind == BLOCKS_Q8_HALVES, job->k, p0, cols, k0,
-                        count, panel);
+    unpack_panel_avx512(job->kind, job->q, job->d, job->m, job->k, p0, cols, k0, count, panel);
 #else
     if (job->kind == BLOCKS_Q4) q4_panel(job, p0, cols, k0, count, panel);
     else q8_panel(job, p0, cols, k0, count, panel);

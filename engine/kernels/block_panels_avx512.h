@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "block_rows.h"
+#include "kernels.h"
 
 #define PANEL_TILE_ROWS 12
 
@@ -60,49 +61,40 @@ static inline void store_columns(__m512 vectors[16], float *panel, int64_t kk) {
     for (int j = 0; j < 16; j++) _mm512_store_ps(panel + (kk + j) * PANEL_COLS, vectors[j]);
 }
 
-/* panel[kk * 16 + c] = W[first + c, k0 + kk] for kk < count (a multiple of 32), W in
- * q4 blocks (codes q, scales d, minima m, K = k); columns from `cols` on are zeros. */
-static void q4_panel_avx512(const uint8_t *q, const float *d, const float *m, int64_t k,
-                            int64_t first, int64_t cols, int64_t k0, int64_t count,
-                            float *panel) {
+/* Block `at` (column * blocks + block) of a weight of `kind` as its 32 fp32 weights:
+ * *low the first 16, *high the second. q4: the codes looked up in the block's table
+ * (values: code_values()); q8: d * q, with a scale per 16 for BLOCKS_Q8_HALVES. */
+static inline void unpack_block(int kind, const void *q, const float *d, const float *m,
+                                int64_t at, __m512 values, __m512 *low, __m512 *high) {
+    if (kind == BLOCKS_Q4) {
+        const __m512i lanes = q4_block_lanes((const uint8_t *)q + at * 16);
+        const __m512 table = _mm512_add_ps(_mm512_mul_ps(values, _mm512_set1_ps(d[at])),
+                                           _mm512_set1_ps(m[at]));
+        *low = _mm512_permutexvar_ps(lanes, table);
+        *high = _mm512_permutexvar_ps(_mm512_srli_epi32(lanes, 4), table);
+        return;
+    }
+    const int halves = kind == BLOCKS_Q8_HALVES;
+    const int8_t *codes = (const int8_t *)q + at * BLOCK;
+    const float *scales = halves ? d + 2 * at : d + at;
+    *low = _mm512_mul_ps(q8_values(codes), _mm512_set1_ps(scales[0]));
+    *high = _mm512_mul_ps(q8_values(codes + 16), _mm512_set1_ps(scales[halves]));
+}
+
+/* panel[kk * 16 + c] = W[first + c, k0 + kk] for kk < count (a multiple of 32), W of
+ * `kind` (codes q, scales d, minima m for q4; K = k); columns from `cols` on are
+ * zeros. */
+static void unpack_panel_avx512(int kind, const void *q, const float *d, const float *m,
+                                int64_t k, int64_t first, int64_t cols, int64_t k0,
+                                int64_t count, float *panel) {
     const int64_t blocks = k / BLOCK;
     const __m512 values = code_values();
     for (int64_t b = k0 / BLOCK; b < (k0 + count) / BLOCK; b++) {
         __m512 low[PANEL_COLS], high[PANEL_COLS];
         for (int64_t c = 0; c < PANEL_COLS; c++) {
-            if (c >= cols) {
-                low[c] = high[c] = _mm512_setzero_ps();
-                continue;
-            }
-            const int64_t at = (first + c) * blocks + b;
-            const __m512i lanes = q4_block_lanes(q + at * 16);
-            const __m512 table = _mm512_add_ps(_mm512_mul_ps(values, _mm512_set1_ps(d[at])),
-                                               _mm512_set1_ps(m[at]));
-            low[c] = _mm512_permutexvar_ps(lanes, table);
-            high[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(lanes, 4), table);
-        }
-        store_columns(low, panel, b * BLOCK - k0);
-        store_columns(high, panel, b * BLOCK - k0 + 16);
-    }
-}
-
-/* The same for q8 blocks (halves: a scale per 16 weights). */
-static void q8_panel_avx512(const int8_t *q, const float *d, int halves, int64_t k,
-                            int64_t first, int64_t cols, int64_t k0, int64_t count,
-                            float *panel) {
-    const int64_t blocks = k / BLOCK;
-    for (int64_t b = k0 / BLOCK; b < (k0 + count) / BLOCK; b++) {
-        __m512 low[PANEL_COLS], high[PANEL_COLS];
-        for (int64_t c = 0; c < PANEL_COLS; c++) {
-            if (c >= cols) {
-                low[c] = high[c] = _mm512_setzero_ps();
-                continue;
-            }
-            const int64_t at = (first + c) * blocks + b;
-            const float *scales = halves ? d + 2 * at : d + at;
-            low[c] = _mm512_mul_ps(q8_values(q + at * BLOCK), _mm512_set1_ps(scales[0]));
-            high[c] = _mm512_mul_ps(q8_values(q + at * BLOCK + 16),
-                                    _mm512_set1_ps(scales[halves ? 1 : 0]));
+            if (c < cols) unpack_block(kind, q, d, m, (first + c) * blocks + b, values,
+                                       &low[c], &high[c]);
+            else low[c] = high[c] = _mm512_setzero_ps();
         }
         store_columns(low, panel, b * BLOCK - k0);
         store_columns(high, panel, b * BLOCK - k0 + 16);
