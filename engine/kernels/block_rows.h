@@ -254,8 +254,8 @@ void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const v
 #elif defined(__AVX512F__)
 #define Q4_SUMS_ROWS 1          /* AVX-512: only tiles of one row read block sums */
 #define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
-#define PANEL_MIN_ROWS 16       /* bench.blocks: even with the row kernels at 16, ahead
-                                   from 17 (16 + 1 rows: two tiles of 8 and one of 1) */
+#define PANEL_MIN_ROWS 10       /* bench.blocks: even with the row kernels at 9 rows,
+                                   ahead from 10 (19.6 vs 20.9-21.8 ms), behind at 8 */
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
