@@ -49,8 +49,8 @@ its own 12 x 32 tiles), which take steps of PANEL_MIN_ROWS rows and more and bea
 packed dense matmul well past the row kernels' limit.
 AVX-512, `bench.blocks` (every projection and the LM head of the default model, from
 memory) against the same products on oneDNN's packed fp32 weights, 2 vCPUs of a Xeon:
-16 rows 25-26 vs 34-37 ms (row kernels 23-28), 32 rows 38.2 vs 45.8, 64 rows 62.4 vs
-75.0, 128 rows 107.8 vs 120.1, 256 rows 209.6 vs 218.0, 512 rows 412 vs 410 (even).
+16 rows 24-27 vs 34-37 ms, 32 rows 36-39 vs 45.8, 64 rows 61-64 vs 75.0, 128 rows
+103-123 vs 120.1, 256 rows 209.6 vs 218.0, 512 rows 412 vs 410 (even).
 AVX2, `bench.step --context 100` on a 2-core Zen 3, two alternations, blocks vs packed
 dense: 64 rows 202.4 / 261.8 vs 235.4 / 209.7 ms, 96 rows 273.4 / 308.7 vs 316.3 /
 347.6, 128 rows 384.2 / 435.3 vs 461.8 / 507.0, 192 rows 567.8 / 642.7 vs 656.8 /
