@@ -52,6 +52,8 @@ static inline __m512i gather_words(const PanelLanes *lanes, const uint8_t *codes
                                        codes + at * bytes + 4 * word, 1);
 }
 
+/* Each live column's scale (or minimum) of one block: `from` at the panel's first
+ * column's, `stride` floats per block (2 where a block has a scale per 16 weights). */
 static inline __m512 gather_scales(const PanelLanes *lanes, const float *from, int stride) {
     const __m512i index = stride == 1 ? lanes->block_index
                                       : _mm512_slli_epi32(lanes->block_index, 1);
