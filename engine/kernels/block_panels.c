@@ -13,8 +13,10 @@
  *     of 8 columns), BLIS's 6x16 kernel.
  *   AVX-512 (block_panels_avx512.h): tiles of 12 rows over both panels of a chunk, 24
  *     accumulators (12 rows x 2 vectors of 16 columns).
- * The sums run in k order per output (continued through y across slices of K where K >
- * PANEL_K), so they equal the dense fp32 product up to rounding.
+ * The sums run in k order per output (AVX2: one running total, continued through y
+ * across slices of K where K > PANEL_K; AVX-512: fresh accumulators per SUM_SLICE
+ * values of K, each slice added to y), so they equal the dense fp32 product up to
+ * rounding.
  *
  * Panels of 256 values of K, each taking every tile in turn, read all of x once per
  * 16 columns and added into y per slice: at 4,096 rows (x 9-25 MB) that streamed
@@ -229,7 +231,7 @@ static _Thread_local float chunk_panels[CHUNK_PANELS][PANEL_K * PANEL_COLS]
 /* One chunk of columns [first, last), up to CHUNK_PANELS panels wide: per slice of K,
  * its panels are unpacked, then each tile of rows runs over all of them in turn, so
  * the tile's x is read from memory once per chunk, and y is written once per slice
- * (once in all where K <= PANEL_K). */
+ * (AVX2: once in all where K <= PANEL_K; AVX-512: once per SUM_SLICE values of K). */
 static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
     const int64_t k = job->k, rows = job->rows;
     const int panels = (int)((last - first + PANEL_COLS - 1) / PANEL_COLS);
@@ -242,8 +244,9 @@ static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
             unpack_panel(job, p0, cols, k0, count, chunk_panels[p]);
             panel_of[p] = chunk_panels[p];
         }
-        /* tiles of even sizes (16 rows: 8 + 8, not 12 + 4; 13: 7 + 6): a small last
-         * tile would run its panel loads for few FMAs */
+        /* tiles of even sizes (AVX-512, tiles of up to 12: 16 rows 8 + 8, not 12 + 4;
+         * AVX2, up to 6: 16 rows 6 + 5 + 5, not 6 + 6 + 4): a small last tile would
+         * run its panel loads for few FMAs */
         const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
         for (int64_t t = 0, r0 = 0; t < tiles; t++) {
             const int tile_rows = (int)(rows / tiles + (t < rows % tiles));

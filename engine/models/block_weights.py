@@ -37,12 +37,13 @@ from .packed_linear import pack_in_place, packed_gated, packed_linear
 logger = logging.getLogger(__name__)
 
 MAX_KERNEL_ROWS = 12
-"""Up to this many rows per step the row kernels of the portable build beat the dense
-fp32 matmuls (the weights' bytes dominate); past it arithmetic dominates and the dense
-matmul on the oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step`
-on SmolLM2-135M, 2 cores, whole decode steps, kernels vs packed dense: 8 rows 33 vs
-58 ms, 12 rows 43 vs 52 ms, 16 rows 65 vs 54 ms, 32 rows 122 vs 82 ms. Also the limit
-of Q5_1 weights on every build (no panels for that form)."""
+"""Up to this many rows per step the row kernels beat the dense fp32 matmuls (the
+weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
+oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
+SmolLM2-135M, 2 cores of an AVX-512 host before it had panels, whole decode steps,
+row kernels vs packed dense: 8 rows 33 vs 58 ms, 12 rows 43 vs 52 ms, 16 rows 65 vs
+54 ms, 32 rows 122 vs 82 ms. The limit of builds without AVX2 or AVX-512 (the
+portable loop), and of Q5_1 weights on every build (no panels for that form)."""
 PANEL_KERNEL_ROWS = 128
 """The same crossover for builds with panels (block_panels.c: AVX2, and AVX-512 since
 its own 12 x 32 tiles), which take steps of PANEL_MIN_ROWS rows and more and beat the

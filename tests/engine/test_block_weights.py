@@ -260,3 +260,18 @@ def test_panel_steps_equal_the_dense_product(kernels, kind, out_features, in_fea
         x = torch.randn(rows, in_features)
         got = kernels.gemm(kind, x, codes, blocks.scales if kind == "Q4_1" else scales, minima)
         assert_within_rounding(got, F.linear(x, weight), x, weight)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [1, 8, 16, 40])
+def test_the_kernels_multiply_the_loaders_weights_bit_for_bit(kernels, kind, rows):
+    """Rows of x that are one-hot pick single weights out of the product, so each output
+    is one weight times 1 (plus exact zeros): the row kernels and the panels must give
+    the dequantized fp32 weights themselves, not a rounding of them."""
+    blocks = parse_blocks(kind, random_gguf_bytes(kind, 70, 576, seed=rows))
+    weight = blocks.dequantize()
+    picked = (torch.arange(rows) * 37) % 576
+    x = torch.zeros(rows, 576)
+    x[torch.arange(rows), picked] = 1.0
+    got = kernels.gemm(kind, x, blocks.codes, blocks.scales, blocks.minima)
+    assert torch.equal(got, weight[:, picked].T)
