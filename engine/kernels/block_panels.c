@@ -42,6 +42,7 @@
 #define PANEL_COLS 16
 #define PANEL_K 2048       /* values of K per panel, at most: 2048 x 16 floats, 128 KiB */
 #define CHUNK_PANELS (COLUMN_CHUNK / PANEL_COLS)
+typedef float Panel[PANEL_K * PANEL_COLS];    /* one panel: [PANEL_K][PANEL_COLS] */
 
 typedef struct {
     int kind;                        /* BLOCKS_Q4, BLOCKS_Q8 or BLOCKS_Q8_HALVES */
@@ -203,7 +204,7 @@ static void panel_tile(const float *x, int64_t k, const float *panel, int64_t co
 }
 
 /* The tile against every panel of a chunk in turn (cols: the chunk's columns). */
-static void chunk_tile(const float *x, int64_t k, float *const *panels, int64_t count, float *y,
+static void chunk_tile(const float *x, int64_t k, const Panel *panels, int64_t count, float *y,
                        int64_t ldy, int tile_rows, int64_t cols, int accumulate) {
     for (int64_t p0 = 0; p0 < cols; p0 += PANEL_COLS)
         panel_tile(x, k, panels[p0 / PANEL_COLS], count, y + p0, ldy, tile_rows,
@@ -225,8 +226,7 @@ static void unpack_panel(const PanelJob *job, int64_t p0, int64_t cols, int64_t 
 /* Each part's panels: CHUNK_PANELS of up to PANEL_K values of K each (256 KiB, in L2),
  * per thread: libgomp's helpers and the pool's run the parts, and their stacks may be
  * small. */
-static _Thread_local float chunk_panels[CHUNK_PANELS][PANEL_K * PANEL_COLS]
-    __attribute__((aligned(64)));
+static _Thread_local Panel chunk_panels[CHUNK_PANELS] __attribute__((aligned(64)));
 
 /* One chunk of columns [first, last), up to CHUNK_PANELS panels wide: per slice of K,
  * its panels are unpacked, then each tile of rows runs over all of them in turn, so
@@ -237,12 +237,10 @@ static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
     const int panels = (int)((last - first + PANEL_COLS - 1) / PANEL_COLS);
     for (int64_t k0 = 0; k0 < k; k0 += PANEL_K) {
         const int64_t count = k - k0 < PANEL_K ? k - k0 : PANEL_K;
-        float *panel_of[CHUNK_PANELS];
         for (int p = 0; p < panels; p++) {
             const int64_t p0 = first + p * PANEL_COLS;
             const int64_t cols = last - p0 < PANEL_COLS ? last - p0 : PANEL_COLS;
             unpack_panel(job, p0, cols, k0, count, chunk_panels[p]);
-            panel_of[p] = chunk_panels[p];
         }
         /* tiles of even sizes (AVX-512, tiles of up to 12: 16 rows 8 + 8, not 12 + 4;
          * AVX2, up to 6: 16 rows 6 + 5 + 5, not 6 + 6 + 4): a small last tile would
@@ -250,8 +248,8 @@ static void panel_chunk(const PanelJob *job, int64_t first, int64_t last) {
         const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
         for (int64_t t = 0, r0 = 0; t < tiles; t++) {
             const int tile_rows = (int)(rows / tiles + (t < rows % tiles));
-            chunk_tile(job->x + r0 * k + k0, k, panel_of, count, job->y + r0 * job->ldy + first,
-                       job->ldy, tile_rows, last - first, k0 > 0);
+            chunk_tile(job->x + r0 * k + k0, k, chunk_panels, count,
+                       job->y + r0 * job->ldy + first, job->ldy, tile_rows, last - first, k0 > 0);
             r0 += tile_rows;
         }
     }

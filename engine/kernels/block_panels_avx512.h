@@ -11,6 +11,7 @@
  * on a packed weight ran at 117 (16 rows) and 147 (32 rows) GFLOP/s for 576 -> 3072.
  * Columns past the weight's last (a last chunk of fewer than 32) are masked off. Each
  * output sums K in slices of SUM_SLICE values, added to y one after another.
+ * Included by block_panels.c, which defines PANEL_COLS, PANEL_K and Panel first.
  */
 #ifndef KVSERVE_BLOCK_PANELS_AVX512_H
 #define KVSERVE_BLOCK_PANELS_AVX512_H
@@ -126,7 +127,7 @@ static void unpack_panel_avx512(int kind, const void *q, const float *d, const f
  * (cols <= 32: panels[0] holds columns 0-15, panels[1] 16-31 where cols > 16), added
  * to y when `accumulate`. x at the tile's first row, its rows k apart. */
 static inline __attribute__((always_inline)) void chunk_tile_impl(
-        const float *x, int64_t k, float *const *panels, int64_t count, float *y,
+        const float *x, int64_t k, const Panel *panels, int64_t count, float *y,
         int64_t ldy, int tile_rows, int two, int64_t cols, int accumulate) {
     const __mmask16 mask0 = columns_mask(cols, 0), mask1 = columns_mask(cols, 16);
     const float *panel0 = panels[0], *panel1 = panels[two];
@@ -163,7 +164,7 @@ static inline __attribute__((always_inline)) void chunk_tile_impl(
         else chunk_tile_impl(x, k, panels, count, y, ldy, rows, 0, cols, accumulate);     \
         break;
 
-static void chunk_tile(const float *x, int64_t k, float *const *panels, int64_t count, float *y,
+static void chunk_tile(const float *x, int64_t k, const Panel *panels, int64_t count, float *y,
                        int64_t ldy, int tile_rows, int64_t cols, int accumulate) {
     const int two = cols > PANEL_COLS;
     switch (tile_rows) {

@@ -246,19 +246,18 @@ def test_panel_steps_equal_the_dense_product(kernels, kind, out_features, in_fea
     kind, widths that leave a partial panel (50 = 32 + 16 + 2 columns, 17, 33), K past
     one slice of panel (4,096 > PANEL_K) and tiles of uneven row counts, all within
     fp32 rounding of the dense product with the dequantized weights."""
-    codes = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
     if kind == "Q4_1":
         blocks = parse_blocks(kind, random_gguf_bytes(kind, out_features, in_features, seed=3))
-        codes, minima = blocks.codes, blocks.minima
-        weight = blocks.dequantize()
-    else:
-        groups = in_features // (16 if kind == "Q8_16" else 32)
-        scales = torch.rand(out_features, groups) * 0.02 + 0.001
-        minima = None
-        weight = codes.float() * scales.repeat_interleave(in_features // groups, dim=1)
+        codes, scales, minima, weight = (blocks.codes, blocks.scales, blocks.minima,
+                                         blocks.dequantize())
+    else:                                  # int8 codes with a scale per 32 (per 16) weights
+        group = 16 if kind == "Q8_16" else 32
+        codes = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
+        scales = torch.rand(out_features, in_features // group) * 0.02 + 0.001
+        minima, weight = None, codes.float() * scales.repeat_interleave(group, dim=1)
     for rows in (16, 17, 25, 40, 64):
         x = torch.randn(rows, in_features)
-        got = kernels.gemm(kind, x, codes, blocks.scales if kind == "Q4_1" else scales, minima)
+        got = kernels.gemm(kind, x, codes, scales, minima)
         assert_within_rounding(got, F.linear(x, weight), x, weight)
 
 
