@@ -107,6 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
                         help="use_cuda_graph: auto (None), on (True) or off (False)")
+    parser.add_argument("--async-batching", choices=("auto", "on", "off"), default="auto",
+                        help="use_async_batching: auto (None: on where graphs serve a CUDA "
+                             "model), on (True) or off (False)")
     parser.add_argument("--page-size", type=int, default=None)
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--max-requests-per-batch", type=int, default=None,
@@ -141,6 +144,8 @@ def main(argv=None) -> dict:
                                    ("max_requests_per_batch", args.max_requests_per_batch)) if v}
     if args.cuda_graph != "auto":
         cb_config["use_cuda_graph"] = args.cuda_graph == "on"
+    if args.async_batching != "auto":
+        cb_config["use_async_batching"] = args.async_batching == "on"
     if args.compile_level:
         cb_config["default_compile_level"] = args.compile_level
     if args.compile:
@@ -179,7 +184,8 @@ def build_report(args, runs: dict, limits: dict) -> dict:
                          "output_tokens_per_s": round(rate, 1),
                          "kvserve_speedup": round(ours / rate, 2)}
     return {"workload": {k: getattr(args, k) for k in (
-                "model", "dtype", "kv_cache_dtype", "device", "cuda_graph", "num_prompts",
+                "model", "dtype", "kv_cache_dtype", "device", "cuda_graph", "async_batching",
+                "num_prompts",
                 "input_len", "output_len", "max_requests_per_batch", "compile_level",
                 "compile", "seed")},
             "machine": {"platform": platform.platform(), "torch": torch.__version__, **limits},
