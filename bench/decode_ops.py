@@ -1,0 +1,110 @@
+"""The torch ops one decode step on the decode fast path launches: what a CUDA graph of
+that step holds, counted on any machine.
+
+On a GPU a small model's decode step is bound by how many kernels it runs, not by
+their work (an H200 replays a graph node in ~1 us; a 135M model's step is ~2 ms of
+device time). This tool runs the decode fast path's step (the padded static-buffer
+step that the graphs record, `DecodeGraphs` with capture off) on the CPU with the
+native kernels off, so the same torch ops run as on CUDA, and counts the ops that
+reach a kernel (views and metadata-only ops left out), per layer and in all:
+
+    python -m bench.decode_ops --model /tmp/model --dtype bfloat16 --requests 4
+
+CPU and CUDA pick different kernels for a few ops (SDPA's), so the count is a
+proxy, but the changes it shows are the ones a graph would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+
+os.environ.setdefault("KVSERVE_NATIVE_KERNELS", "0")   # before the engine loads them
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from engine import load_model  # noqa: E402
+from engine.decode_tables import DecodeTables  # noqa: E402
+from engine.generation_config import SamplingParams  # noqa: E402
+from engine.kv_cache.sizing import CacheSizing  # noqa: E402
+from engine.requests import RequestState  # noqa: E402
+from engine.runner import ModelRunner  # noqa: E402
+from engine.scheduler import ScheduledBatch, ScheduledRequest  # noqa: E402
+
+NO_KERNEL = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "unsqueeze",
+             "squeeze", "expand", "transpose", "t", "permute", "alias", "detach", "split",
+             "split_with_sizes", "chunk", "unbind", "narrow", "lift_fresh", "empty",
+             "empty_strided", "_to_copy_noop", "result_type", "sym_size", "sym_stride",
+             "sym_numel", "is_same_size", "_reshape_alias", "view_as_real", "view_as_complex",
+             "promote_types"}
+CONVERSIONS = {"to", "type_as", "contiguous", "float", "long", "int", "bfloat16"}
+"""Ops that run a kernel only when they change their input (else they return it)."""
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        result = func(*args, **(kwargs or {}))
+        if name in CONVERSIONS and args and result is args[0]:
+            return result
+        if name not in NO_KERNEL:
+            self.counts[name] += 1
+        return result
+
+
+def decode_step_ops(model_spec: str, dtype: str, num_requests: int, context: int
+                    ) -> collections.Counter:
+    model = load_model(model_spec, dtype=dtype, progress=False)
+    module = model.module
+    page_size, num_blocks = 256, num_requests * (-(-(context + 1) // 256)) + 1
+    sizing = CacheSizing(num_blocks, page_size, context + 1, num_requests, 0)
+    width = -(-(context + 1) // page_size)
+    runner = ModelRunner(module, sizing, seed=0, decode_graphs="eager",
+                         decode_tables=DecodeTables(width, round_up=True))
+    generator = torch.Generator().manual_seed(0)
+    requests = []
+    for index in range(num_requests):
+        prompt = torch.randint(100, model.config.vocab_size, (context,),
+                               generator=generator).tolist()
+        request = RequestState(f"r{index}", prompt, 4, (), SamplingParams())
+        request.block_ids = list(range(index * width, (index + 1) * width))
+        requests.append(request)
+    prefill = ScheduledBatch([ScheduledRequest(r, 0, r.num_tokens, True) for r in requests], [])
+    _, result = runner.step(prefill)
+    for request, token in zip(requests, result.token_ids):
+        request.generated_tokens.append(token)
+    decode = ScheduledBatch([ScheduledRequest(r, r.num_tokens - 1, 1, True) for r in requests],
+                            [])
+    inputs = runner._inputs(decode)
+    assert runner.decode_graphs.fits(inputs.meta, num_requests), "not a fast-path step"
+    counter = OpCounter()
+    with torch.inference_mode(), counter:
+        runner.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+    return counter.counts, len(module.layers)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.decode_ops", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--context", type=int, default=100)
+    args = parser.parse_args(argv)
+    counts, num_layers = decode_step_ops(args.model, args.dtype, args.requests, args.context)
+    total = sum(counts.values())
+    report = {"ops": total, "layers": num_layers, "ops_per_layer": round(total / num_layers, 1),
+              "by_op": dict(counts.most_common())}
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
