@@ -61,7 +61,9 @@ class OpCounter(TorchDispatchMode):
 
 def decode_step_ops(model_spec: str, dtype: str, num_requests: int, context: int
                     ) -> collections.Counter:
-    model = load_model(model_spec, dtype=dtype, progress=False)
+    # the cache in the model's dtype, as accelerators keep it (a CPU's default is fp32)
+    model = load_model(model_spec, dtype=dtype, progress=False,
+                       kv_cache_dtype="auto" if dtype == "float32" else dtype)
     module = model.module
     page_size, num_blocks = 256, num_requests * (-(-(context + 1) // 256)) + 1
     sizing = CacheSizing(num_blocks, page_size, context + 1, num_requests, 0)

@@ -21,32 +21,55 @@ stale page: masked, and finite because accelerator caches start zeroed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 
-def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
-                       window: int | None = None) -> torch.Tensor:
-    """query [B, H, D] (one token per request, at position seq_lens - 1); caches
-    [num_blocks, page_size, KVH, D]; seq_lens [B] int32; block_table [B, W] int32
-    -> [B, H, D] in query's dtype, computed in the wider of query's and the cache's."""
-    batch, width = block_table.shape
-    page_size, num_kv_heads, head_dim = key_cache.shape[1:]
-    group = query.shape[1] // num_kv_heads
-    dtype = torch.promote_types(query.dtype, key_cache.dtype)
-    blocks = block_table.long()
-    keys = key_cache[blocks].view(batch, width * page_size, num_kv_heads, head_dim)
-    values = value_cache[blocks].view(batch, width * page_size, num_kv_heads, head_dim)
-    key_pos = torch.arange(width * page_size, device=query.device)[None, :]   # [1, L]
+@dataclass(frozen=True)
+class TableGather:
+    """What every layer of one decode step gathers by: the same for all layers of an
+    attention group, so built once per step (`AttentionMetadata.derived`) instead of
+    four kernels per layer."""
+
+    blocks: torch.Tensor       # [B, W] long: the block table as gather indices
+    visible: torch.Tensor      # [B, 1, 1, W * page_size] bool: the real keys of each row
+
+
+def table_gather(seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
+                 window: int | None = None) -> TableGather:
+    """seq_lens [B] int32, block_table [B, W] int32 -> the step's TableGather."""
+    key_pos = torch.arange(block_table.shape[1] * page_size,
+                           device=block_table.device)[None, :]                # [1, L]
     lengths = seq_lens.long()[:, None]                                        # [B, 1]
     visible = key_pos < lengths                                               # [B, L]
     if window is not None:
         visible &= key_pos > lengths - 1 - window
+    return TableGather(block_table.long(), visible[:, None, None, :])
+
+
+def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
+                       window: int | None = None, gather: TableGather | None = None
+                       ) -> torch.Tensor:
+    """query [B, H, D] (one token per request, at position seq_lens - 1); caches
+    [num_blocks, page_size, KVH, D]; seq_lens [B] int32; block_table [B, W] int32
+    -> [B, H, D] in query's dtype, computed in the wider of query's and the cache's.
+    `gather`: this step's table_gather(seq_lens, block_table, page_size, window), when
+    the caller keeps one per step."""
+    batch, width = block_table.shape
+    page_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    if gather is None:
+        gather = table_gather(seq_lens, block_table, page_size, window)
+    group = query.shape[1] // num_kv_heads
+    dtype = torch.promote_types(query.dtype, key_cache.dtype)
+    keys = key_cache[gather.blocks].view(batch, width * page_size, num_kv_heads, head_dim)
+    values = value_cache[gather.blocks].view(batch, width * page_size, num_kv_heads, head_dim)
     # the G query heads of a KV head as G query rows of it: no K/V repeated per head
     # (SDPA's GQA option would copy them, and its kernels with a mask lack it)
     out = F.scaled_dot_product_attention(
         query.to(dtype).reshape(batch, num_kv_heads, group, head_dim),        # [B, KVH, G, D]
         keys.to(dtype).transpose(1, 2), values.to(dtype).transpose(1, 2),     # [B, KVH, L, D]
-        attn_mask=visible[:, None, None, :], scale=scale)                     # [B, KVH, G, D]
+        attn_mask=gather.visible, scale=scale)                                # [B, KVH, G, D]
     return out.reshape(batch, num_kv_heads * group, head_dim).to(query.dtype)

@@ -12,7 +12,7 @@ goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,3 +86,17 @@ class AttentionMetadata:
     decode_fast_path: bool = False
     """Decode-only step on the decode fast path: block_table has the fixed width that
     decode_tables.py chose, and the decode slots and mask are not built."""
+    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Tensors a backend derives from the fields above, the same for every layer of
+    the step (the decode fast path's gather indices and mask): built by the first
+    layer that needs them, reused by the rest. Fresh on every object, so a
+    `dataclasses.replace` copy never sees another step's."""
+
+    def derive(self, key: str, build):
+        """`build()`, once per step and key. Inside torch.compile it is just `build()`:
+        a compiled layer must not depend on what an earlier layer stored."""
+        if torch.compiler.is_compiling():
+            return build()
+        if key not in self.derived:
+            self.derived[key] = build()
+        return self.derived[key]

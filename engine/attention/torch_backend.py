@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fixed_table_decode import fixed_table_decode
+from .fixed_table_decode import fixed_table_decode, table_gather
 from .metadata import AttentionMetadata
 from .native_prefill import attend_chunk, prefill_kernels
 
@@ -60,8 +60,10 @@ class TorchPagedAttention:
             flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
         if meta.decode_fast_path:             # fixed-width tables: graph-friendly shapes
+            gather = meta.derive("table_gather", lambda: table_gather(
+                meta.seq_lens_k, meta.block_table, key_cache.shape[1], meta.window))
             return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
-                                      meta.block_table, scale, meta.window)
+                                      meta.block_table, scale, meta.window, gather)
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)
         kernels = _native_kernels(flat_keys)

@@ -35,7 +35,13 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         input_dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if input_dtype == torch.float32:
+            # transformers' ops, in its order: the exact fp32 path on accelerators
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        else:
+            # half-precision inputs: the same fp32 arithmetic as one op (CUDA's fused
+            # kernel; a decode step's graph then holds 4 kernels per norm, not 8)
+            x = F.rms_norm(x, self.weight.shape, None, self.eps)
         if self.offset:
             return (x * (self.offset + self.weight.float())).to(input_dtype)
         return self.weight * x.to(input_dtype)

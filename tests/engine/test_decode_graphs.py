@@ -6,12 +6,15 @@ and replays real graphs where there is a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine import ContinuousBatchingConfig
 from engine.attention.backend import get_backend
-from engine.attention.fixed_table_decode import fixed_table_decode
+from engine.attention.fixed_table_decode import fixed_table_decode, table_gather
+from engine.attention.metadata import AttentionMetadata
 from engine.attention.flash_backend import FlashPagedAttention
 from engine.compile_paths import CompilePlan, CompileSettings
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
@@ -111,6 +114,30 @@ def test_fixed_table_decode_follows_the_kvcache_contract(window):
                         window_size=flash_window).squeeze(1)
     got = fixed_table_decode(query, cache[0], cache[1], seq_lens, table, 0.25, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # a step's gather, built once and passed to each layer, gives the same result
+    gather = table_gather(seq_lens, table, PAGE, window)
+    assert gather.visible.shape == (3, 1, 1, 2 * PAGE)
+    assert gather.visible.sum(-1).flatten().tolist() == (
+        [300, 10, 512] if window is None else [30, 10, 30])
+    torch.testing.assert_close(
+        fixed_table_decode(query, cache[0], cache[1], seq_lens, table, 0.25, window, gather),
+        got, atol=0, rtol=0)
+
+
+def test_derived_tensors_live_for_one_step_object():
+    """meta.derive builds a value once per metadata object; a replaced copy (another
+    step's view of it) starts empty, so it never reads a stale gather."""
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(2, dtype=torch.long), cu_seqlens_q=torch.arange(3),
+        seq_lens_k=torch.ones(2, dtype=torch.int32), decode_rows=None, decode_kv_slots=None,
+        decode_mask=None, prefills=[], page_size=PAGE, block_tables=[],
+        block_table=torch.zeros(2, 1, dtype=torch.int32), decode_fast_path=True)
+    builds = []
+    first = meta.derive("key", lambda: builds.append(1) or torch.ones(1))
+    assert meta.derive("key", lambda: builds.append(1) or torch.zeros(1)) is first
+    assert len(builds) == 1
+    copy = dataclasses.replace(meta, block_table=torch.ones(2, 2, dtype=torch.int32))
+    assert copy.derived == {} and copy.derive("key", lambda: torch.zeros(1)).item() == 0
 
 
 def _decode_step(requests: list[RequestState]) -> ScheduledBatch:

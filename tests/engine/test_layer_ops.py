@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import load_native_kernels
-from engine.models.layers import apply_rotary
+from engine.models.layers import RMSNorm, apply_rotary
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,22 @@ def test_rope_store_rounds_into_a_bf16_cache(kernels):
     kernels.rope_store(qkv, heads, cos, sin, slots, keys, values)
     assert torch.equal(keys[slots], expected[:, heads:heads + kv_heads].bfloat16())
     assert torch.equal(values[slots], expected[:, heads + kv_heads:].bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_half_precision_norm_is_transformers_arithmetic(dtype, offset):
+    """Half-precision inputs take one fused fp32 norm op (fewer kernels in a decode
+    step's graph); on CPU its result is transformers' op-by-op one bit for bit."""
+    torch.manual_seed(2)
+    norm = RMSNorm(576, 1e-5, offset=offset)
+    with torch.no_grad():
+        norm.weight.normal_()
+    norm = norm.to(dtype)
+    x = (torch.randn(7, 576) * 3).to(dtype)
+    wide = x.float()
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)
+    want = ((wide * (offset + norm.weight.float())).to(dtype) if offset
+            else norm.weight * wide.to(dtype))
+    got = norm(x)
+    assert got.dtype == dtype and torch.equal(got, want)

@@ -1,0 +1,40 @@
+"""The profiling tools: decode_ops counts a decode step's kernels, folded summarises
+py-spy's samples, host_ops times single torch calls."""
+
+from __future__ import annotations
+
+from bench import decode_ops, folded, host_ops
+
+
+def test_decode_ops_counts_each_layers_kernels_once(tiny_models):
+    path, _ = tiny_models["llama"]
+    report = decode_ops.main(["--model", str(path), "--dtype", "bfloat16", "--requests", "3",
+                              "--context", "20"])
+    layers, by_op = report["layers"], report["by_op"]
+    assert by_op["scaled_dot_product_attention"] == layers       # one attention per layer
+    assert by_op["index_copy_"] == 2 * layers                    # K and V written per layer
+    # the step's gather indices and mask: built once, not per layer
+    assert by_op["arange"] == 1 and by_op["lt"] == 1
+    assert "view" not in by_op and report["ops"] == sum(by_op.values())
+
+
+def test_folded_summarises_one_thread(tmp_path):
+    samples = tmp_path / "samples.folded"
+    samples.write_text(
+        "thread (1): MainThread;main (a.py:1);wait (b.py:2) 10\n"
+        "thread (7): kvserve-engine;run (e.py:3);step (e.py:9);sync (s.py:4) 6\n"
+        "thread (7): kvserve-engine;run (e.py:3);step (e.py:10);launch (l.py:5) 2\n"
+        "thread (8): kvserve-engine;run (e.py:3) 1\n")
+    text = folded.summarise(folded.read_stacks(str(samples)), "kvserve-engine", None, 10)
+    lines = text.splitlines()
+    assert lines[0] == "thread (7): kvserve-engine: 8 samples"     # the busiest such thread
+    assert "      6  75.0% sync (s.py:4)" in lines
+    # inclusive: line numbers dropped, so step's two lines count as one function
+    assert "      8 100.0% step (e.py)" in lines
+
+
+def test_host_ops_times_calls_on_the_cpu():
+    results = host_ops.main(["--device", "cpu", "--calls", "50"])
+    assert results["device"] == "cpu"
+    for name in ("python_1000_adds", "host_tensor_from_list", "device_add_", "copy_to_device"):
+        assert results[name] > 0
