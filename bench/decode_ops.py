@@ -20,19 +20,20 @@ import argparse
 import collections
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-os.environ.setdefault("KVSERVE_NATIVE_KERNELS", "0")   # before the engine loads them
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from engine import load_model  # noqa: E402
-from engine.decode_tables import DecodeTables  # noqa: E402
-from engine.generation_config import SamplingParams  # noqa: E402
-from engine.kv_cache.sizing import CacheSizing  # noqa: E402
-from engine.requests import RequestState  # noqa: E402
-from engine.runner import ModelRunner  # noqa: E402
-from engine.scheduler import ScheduledBatch, ScheduledRequest  # noqa: E402
+from engine import load_model
+from engine.decode_tables import DecodeTables
+from engine.generation_config import SamplingParams
+from engine.kv_cache.sizing import CacheSizing
+from engine.requests import RequestState
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledBatch, ScheduledRequest
 
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "unsqueeze",
              "squeeze", "expand", "transpose", "t", "permute", "alias", "detach", "split",
@@ -100,6 +101,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--context", type=int, default=100)
     args = parser.parse_args(argv)
+    if os.environ.get("KVSERVE_NATIVE_KERNELS") != "0":
+        # the native kernels would take the CPU's steps (and the switch is read once
+        # per process): count in a child without them
+        child = subprocess.run(
+            [sys.executable, "-m", "bench.decode_ops", *(sys.argv[1:] if argv is None else argv)],
+            env=dict(os.environ, KVSERVE_NATIVE_KERNELS="0"), cwd=Path(__file__).parents[1],
+            check=True, capture_output=True, text=True)
+        report = json.loads(child.stdout.strip().splitlines()[-1])
+        print(json.dumps(report))
+        return report
     counts, num_layers = decode_step_ops(args.model, args.dtype, args.requests, args.context)
     total = sum(counts.values())
     report = {"ops": total, "layers": num_layers, "ops_per_layer": round(total / num_layers, 1),
