@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with CUDA, most important first, within a time budget (GPU_CHECK_BUDGET_S,
-# default 420 s: a step that could pass it is skipped, and says so):
+# default 540 s: a step that could pass it is skipped, and says so):
 #   1. the GPU tests (tests/engine/test_gpu_paths.py; the CPU-side tests of the same
 #      paths run everywhere else, in the suite);
 #   2. bench.offline on a random model with the default model's shapes (the embedded
 #      94 MB GGUF does not travel to an offline GPU machine), bf16, 64 prompts x 128
 #      tokens: CUDA graphs on (async batching on, its default there), graphs on with
 #      async batching off, graphs off; one prompt x 128 tokens, graphs on then off;
-#      64 prompts with graphs and default_compile_level 1 (compiled layer steps);
 #      transformers' generate_batch and static generate on the same weights (peers);
-#      256 prompts with graphs on. Each log ends with the engine's counts (graph
+#      256 prompts with graphs on; last, 64 prompts with graphs and
+#      default_compile_level 1 (compiled layer steps: their compilation, in the
+#      warm-up, passed 120 s on an H200's host);
+#   3. before that last run, where a tokenizer is given (GPU_CHECK_TOKENIZER: a folder
+#      from `bench.random_model DIR --tokenizer smollm2-135m-instruct --tokenizer-only`)
+#      and fastapi and uvicorn import: the server on the GPU (bf16) under bench.serve
+#      at concurrency 1 and 32 (bench/gpu_carry.sh prepares both for a machine
+#      without network).
+# GPU_CHECK_DEVICE (default cuda) rehearses the script elsewhere (cpu: the GPU tests
+# skip, the runs take the CPU's paths); GPU_CHECK_STEPS, a regular expression, runs
+# only the steps whose names match (e.g. 'random-model|serve' to rerun the server). Each log ends with the engine's counts (graph
 #      steps, compiled steps, lookahead steps), so a path that fell back to eager shows.
 # The logs and JSON reports go to GPU_CHECK_DIR (default ./gpu-results); with OUT set,
 # they are also packed into $OUT/gpu-check.tar.gz after every step, so a run cut short
@@ -21,7 +30,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_CHECK_DIR:-gpu-results}"
-budget="${GPU_CHECK_BUDGET_S:-420}"
+budget="${GPU_CHECK_BUDGET_S:-540}"
+device="${GPU_CHECK_DEVICE:-cuda}"
+tokenizer="${GPU_CHECK_TOKENIZER:-}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
@@ -34,13 +45,14 @@ pack() {
 run_step() {
   local name=$1 limit=$2
   shift 2
+  [[ "$name" =~ ${GPU_CHECK_STEPS:-.} ]] || return 0
   if (( SECONDS + limit > budget )); then
     echo "$name: skipped (${SECONDS} s used of the ${budget} s budget)" | tee -a "$out/summary.txt"
     return
   fi
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local status=$? found
-  found=$(grep -E '^kvserve|^=+ .*(passed|failed|error|skipped)' "$out/$name.log")
+  found=$(grep -E '^kvserve|^c=|^=+ .*(passed|failed|error|skipped)' "$out/$name.log")
   (( status == 0 )) || found+=" $(tail -1 "$out/$name.log")"
   echo "$name: exit $status after ${SECONDS} s: $(echo "$found" | tr '\n' ' ' | cut -c1-400)" \
     | tee -a "$out/summary.txt"
@@ -59,12 +71,13 @@ pack
 run_step gpu-tests 180 python3 -m pytest -v -p no:cacheprovider -rs --durations=10 \
   tests/engine/test_gpu_paths.py
 model=/tmp/kvserve-smollm2-shaped
-run_step random-model 40 python3 -m bench.random_model "$model"
+run_step random-model 40 python3 -m bench.random_model "$model" \
+  ${tokenizer:+--tokenizer "$tokenizer"}
 # offline NAME LIMIT_S OPTIONS...: bench.offline, bf16 on CUDA, 128 tokens a prompt
 offline() {
   local name=$1 limit=$2
   shift 2
-  run_step "$name" "$limit" python3 -m bench.offline --model "$model" --device cuda \
+  run_step "$name" "$limit" python3 -m bench.offline --model "$model" --device "$device" \
     --dtype bfloat16 --input-len 64 --output-len 128 --json "$out/$name.json" "$@"
 }
 offline offline-cuda-p64-graph-on 60 --num-prompts 64 --cuda-graph on
@@ -73,8 +86,41 @@ offline offline-cuda-p64-graph-on-async-off 60 --num-prompts 64 --cuda-graph on 
 offline offline-cuda-p64-graph-off 60 --num-prompts 64 --cuda-graph off
 offline offline-cuda-p1-graph-on 40 --num-prompts 1 --cuda-graph on
 offline offline-cuda-p1-graph-off 40 --num-prompts 1 --cuda-graph off
-offline offline-cuda-p64-graph-on-compile1 120 --num-prompts 64 --cuda-graph on \
-  --compile-level 1
 offline offline-cuda-p64-peers 90 --num-prompts 64 --cuda-graph on \
   --peers transformers-cb,transformers-static
 offline offline-cuda-p256-graph-on 60 --num-prompts 256 --cuda-graph on
+# serve LIMIT_S: the server on the GPU under bench.serve (concurrency 1, then 32)
+serve() {
+  local limit=$1 port=8123 pid
+  [[ serve-cuda =~ ${GPU_CHECK_STEPS:-.} ]] || return 0
+  if [[ -z "$tokenizer" ]] || ! python3 -c "import fastapi, uvicorn" 2> /dev/null; then
+    echo "serve-cuda: skipped (no GPU_CHECK_TOKENIZER, or no fastapi/uvicorn)" \
+      | tee -a "$out/summary.txt"
+    return
+  fi
+  if (( SECONDS + limit > budget )); then
+    echo "serve-cuda: skipped (${SECONDS} s used of the ${budget} s budget)" \
+      | tee -a "$out/summary.txt"
+    return
+  fi
+  python3 -m server --model "$model" --device "$device" --dtype bfloat16 --port "$port" \
+    > "$out/server.log" 2>&1 &
+  pid=$!
+  timeout 60 python3 -c "
+import time, urllib.request
+while True:
+    try:
+        urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)
+        break
+    except OSError:
+        time.sleep(0.5)"
+  run_step serve-cuda "$((limit - 60))" python3 -m bench.serve --base-url "http://127.0.0.1:$port" \
+    --model "$model" --concurrency 1,32 --input-len 64 --output-len 128 \
+    --json "$out/serve-cuda.json"
+  kill "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+  pack
+}
+serve 150
+offline offline-cuda-p64-graph-on-compile1 220 --num-prompts 64 --cuda-graph on \
+  --compile-level 1

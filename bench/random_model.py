@@ -14,12 +14,20 @@ biases at zero), to time that family's paths:
     python -m bench.random_model /tmp/qwen2-shaped --family qwen2
     python -m bench.step --model /tmp/qwen2-shaped --dtype bf16-weights
 
-No tokenizer is written: the benchmarks feed token ids.
+The offline benchmarks feed token ids and need no tokenizer. A server needs one (chat
+templates, detokenizing): `--tokenizer SPEC` saves SPEC's beside the weights, and
+`--tokenizer-only` writes just that (a few MB), to carry where the model cannot go:
+
+    python -m bench.random_model /tmp/smollm2-tokenizer --tokenizer smollm2-135m-instruct \
+        --tokenizer-only
+    python -m bench.random_model /tmp/smollm2-shaped --tokenizer /tmp/smollm2-tokenizer
+    python -m server --model /tmp/smollm2-shaped --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -49,14 +57,37 @@ def write_random_model(path: str, seed: int = 0, family: str = "llama", **overri
     return path
 
 
+def save_tokenizer(spec: str, path: str) -> str:
+    """Save the tokenizer of `spec` (a folder holding one, or any model spec the engine
+    loads: the embedded GGUF's comes from its converted folder) to `path`."""
+    from transformers import AutoTokenizer
+
+    source = Path(spec).expanduser()
+    if not source.is_dir():
+        from engine.loading import resolve_model_dir
+        source = resolve_model_dir(spec)
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(path)
+    return path
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.random_model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="directory to write config.json and the weights to")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--family", choices=("llama", "qwen2"), default="llama")
+    parser.add_argument("--tokenizer", default=None, metavar="SPEC",
+                        help="save this model's (or folder's) tokenizer beside the weights")
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="write the tokenizer alone, no weights")
     args = parser.parse_args(argv)
-    print(write_random_model(args.path, args.seed, args.family))
+    if args.tokenizer_only and not args.tokenizer:
+        parser.error("--tokenizer-only needs --tokenizer")
+    if not args.tokenizer_only:
+        write_random_model(args.path, args.seed, args.family)
+    if args.tokenizer:
+        save_tokenizer(args.tokenizer, args.path)
+    print(args.path)
 
 
 if __name__ == "__main__":
