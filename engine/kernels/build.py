@@ -43,7 +43,7 @@ SOURCES = [Path(__file__).with_name(name)
                         "bf16_amx.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
-                        "block_rows_avx512.h", "block_panels_avx512.h")]
+                        "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h")]
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}
 
