@@ -2,16 +2,19 @@
 that step holds, counted on any machine.
 
 On a GPU a small model's decode step is bound by how many kernels it runs, not by
-their work (an H200 replays a graph node in ~1 us; a 135M model's step is ~2 ms of
-device time). This tool runs the decode fast path's step (the padded static-buffer
-step that the graphs record, `DecodeGraphs` with capture off) on the CPU with the
+their work (an H200 replays an empty graph node in ~1 us; a 135M model's one-token
+step was ~3.9 ms of device time for 1,168 kernels, docs/benchmarks.md). This tool runs the decode fast path's step (the forward over the padded static
+buffers that the graphs record, `DecodeGraphs` with capture off; the copies into those
+buffers run outside the graph and are not counted) on the CPU with the
 native kernels off, so the same torch ops run as on CUDA, and counts the ops that
 reach a kernel (views and metadata-only ops left out), per layer and in all:
 
     python -m bench.decode_ops --model /tmp/model --dtype bfloat16 --requests 4
 
 CPU and CUDA pick different kernels for a few ops (SDPA's), so the count is a
-proxy, but the changes it shows are the ones a graph would see.
+proxy, but the changes it shows are the ones a graph would see. A composite op counts
+once, whatever it runs inside, with one exception: SDPA given a bool mask turns it
+into an additive one on every call, counted as one `where (SDPA's bool mask)`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ NO_KERNEL = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select",
              "promote_types"}
 CONVERSIONS = {"to", "type_as", "contiguous", "float", "long", "int", "bfloat16"}
 """Ops that run a kernel only when they change their input (else they return it)."""
+RESHAPES = {"reshape", "flatten"}
+"""Views when they can be, else copies (counted then)."""
 
 
 class OpCounter(TorchDispatchMode):
@@ -52,16 +57,26 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        result = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
         if name in CONVERSIONS and args and result is args[0]:
+            return result
+        if name in RESHAPES:
+            if result.untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr():
+                self.counts[name] += 1
             return result
         if name not in NO_KERNEL:
             self.counts[name] += 1
+        if name == "scaled_dot_product_attention":
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            if mask is not None and mask.dtype == torch.bool:
+                self.counts["where (SDPA's bool mask)"] += 1
         return result
 
 
 def decode_step_ops(model_spec: str, dtype: str, num_requests: int, context: int
-                    ) -> collections.Counter:
+                    ) -> tuple[collections.Counter, int]:
+    """The ops of one decode step's forward, by name, and the model's layer count."""
     # the cache in the model's dtype, as accelerators keep it (a CPU's default is fp32)
     model = load_model(model_spec, dtype=dtype, progress=False,
                        kv_cache_dtype="auto" if dtype == "float32" else dtype)
@@ -86,10 +101,16 @@ def decode_step_ops(model_spec: str, dtype: str, num_requests: int, context: int
     decode = ScheduledBatch([ScheduledRequest(r, r.num_tokens - 1, 1, True) for r in requests],
                             [])
     inputs = runner._inputs(decode)
-    assert runner.decode_graphs.fits(inputs.meta, num_requests), "not a fast-path step"
+    graphs = runner.decode_graphs
+    if not graphs.fits(inputs.meta, num_requests):
+        raise SystemExit("this model's decode steps get no CUDA graphs (sliding-window "
+                         "layers, or off the decode fast path): nothing to count")
+    with torch.inference_mode():         # fills the static buffers, outside the count
+        graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+    bucket = next(size for size in graphs.sizes if size >= num_requests)
     counter = OpCounter()
     with torch.inference_mode(), counter:
-        runner.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        graphs._forward(bucket, inputs.meta.block_table.shape[1])
     return counter.counts, len(module.layers)
 
 
@@ -107,7 +128,9 @@ def main(argv=None) -> dict:
         child = subprocess.run(
             [sys.executable, "-m", "bench.decode_ops", *(sys.argv[1:] if argv is None else argv)],
             env=dict(os.environ, KVSERVE_NATIVE_KERNELS="0"), cwd=Path(__file__).parents[1],
-            check=True, capture_output=True, text=True)
+            capture_output=True, text=True)
+        if child.returncode:
+            raise SystemExit(f"bench.decode_ops failed:\n{child.stderr[-3000:]}")
         report = json.loads(child.stdout.strip().splitlines()[-1])
         print(json.dumps(report))
         return report

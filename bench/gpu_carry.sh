@@ -4,7 +4,10 @@
 #   gpu-carry/wheels/     wheels of fastapi, starlette, pydantic, pydantic-core, uvicorn,
 #                         annotated-types, typing-inspection (the versions this checkout's
 #                         .venv holds) and py-spy, for CPython 3.12 on manylinux x86-64
-#                         (PYTHON_VERSION to change it); no dependencies beyond these;
+#                         (PYTHON_VERSION to change it); not their other needs
+#                         (anyio, h11, click, typing-extensions, annotated-doc),
+#                         which a machine with transformers has through
+#                         huggingface-hub and httpx;
 #   gpu-carry/tokenizer/  the default model's tokenizer and chat template (a few MB;
 #                         the model itself stays: bench.random_model makes one there).
 # Then, on that machine, from the repository's root:
@@ -17,9 +20,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-.venv/bin/python}"
 target=gpu-carry
-server_packages='fastapi|starlette|pydantic|pydantic[-_]core|uvicorn|annotated[-_]types|typing[-_]inspection'
+server_packages='fastapi|starlette|pydantic|pydantic[-_]core|uvicorn'
+server_packages+='|annotated[-_]types|typing[-_]inspection'
 
-pins=$("$python" -m pip freeze | grep -iE "^($server_packages)==")
+pins=$("$python" -m pip freeze | grep -iE "^($server_packages)==" || true)
+if [[ -z "$pins" ]]; then
+  echo "no server packages in $python's environment: run make install first" >&2
+  exit 1
+fi
 mkdir -p "$target/wheels"
 # shellcheck disable=SC2086  # one argument per pin
 "$python" -m pip download -q --no-deps --only-binary=:all: -d "$target/wheels" \

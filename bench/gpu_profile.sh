@@ -21,9 +21,11 @@ step() {   # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2
   shift 2
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
-  echo "$name: exit $? after ${SECONDS} s: $(grep -E -m2 '^kvserve |^\{"device"' "$out/$name.txt" \
-    | tr '\n' ' ')"
-  [[ -n "${OUT:-}" ]] && tar czf "$OUT/gpu-profile.tar.gz" -C "$out" .
+  echo "$name: exit $? after ${SECONDS} s: $(grep -E -m2 '^kvserve |^\{"device"' \
+    "$out/$name.txt" | tr '\n' ' ')"
+  if [[ -n "${OUT:-}" ]]; then
+    tar czf "$OUT/gpu-profile.tar.gz" -C "$out" .
+  fi
 }
 
 step host-ops 30 python3 -m bench.host_ops --device cuda

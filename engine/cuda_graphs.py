@@ -166,6 +166,9 @@ class DecodeGraphs:
         self.block_table[start:end] = self.scratch_block
 
     def _meta(self, size: int, width: int) -> AttentionMetadata:
+        """A new object on every call, inside each recorded forward: what the layers
+        derive from it (AttentionMetadata.derive) is then built in the graph too, and a
+        recording never reuses tensors an earlier pass derived."""
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
             seq_lens_k=self.seq_lens[:size], decode_rows=None, decode_kv_slots=None,

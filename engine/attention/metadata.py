@@ -13,6 +13,7 @@ goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -92,7 +93,7 @@ class AttentionMetadata:
     layer that needs them, reused by the rest. Fresh on every object, so a
     `dataclasses.replace` copy never sees another step's."""
 
-    def derive(self, key: str, build):
+    def derive(self, key: str, build: Callable[[], Any]) -> Any:
         """`build()`, once per step and key. Inside torch.compile it is just `build()`:
         a compiled layer must not depend on what an earlier layer stored."""
         if torch.compiler.is_compiling():

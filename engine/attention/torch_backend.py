@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fixed_table_decode import fixed_table_decode, table_gather
+from .fixed_table_decode import attention_dtype, fixed_table_decode, table_gather
 from .metadata import AttentionMetadata
 from .native_prefill import attend_chunk, prefill_kernels
 
@@ -61,7 +61,8 @@ class TorchPagedAttention:
 
         if meta.decode_fast_path:             # fixed-width tables: graph-friendly shapes
             gather = meta.derive("table_gather", lambda: table_gather(
-                meta.seq_lens_k, meta.block_table, key_cache.shape[1], meta.window))
+                meta.seq_lens_k, meta.block_table, key_cache.shape[1],
+                attention_dtype(query, key_cache), meta.window))
             return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
                                       meta.block_table, scale, meta.window, gather)
         if not meta.prefills:                 # decode only: row d is decode request d

@@ -3,6 +3,8 @@ py-spy's samples, host_ops times single torch calls."""
 
 from __future__ import annotations
 
+import torch
+
 from bench import decode_ops, folded, host_ops
 
 
@@ -13,9 +15,30 @@ def test_decode_ops_counts_each_layers_kernels_once(tiny_models):
     layers, by_op = report["layers"], report["by_op"]
     assert by_op["scaled_dot_product_attention"] == layers       # one attention per layer
     assert by_op["index_copy_"] == 2 * layers                    # K and V written per layer
-    # the step's gather indices and mask: built once, not per layer
+    # half-precision norms: one fused op each (two per layer and the final one)
+    assert by_op["rms_norm"] == 2 * layers + 1 and "pow" not in by_op
+    # the step's gather indices and additive mask: built once, not per layer, and SDPA
+    # gets no bool mask to convert in every layer
     assert by_op["arange"] == 1 and by_op["lt"] == 1
-    assert "view" not in by_op and report["ops"] == sum(by_op.values())
+    assert "where (SDPA's bool mask)" not in by_op
+    # the static buffers' copies run outside the graph: not counted
+    assert "copy_" not in by_op and "fill_" not in by_op
+
+
+def test_decode_ops_counts_what_composite_and_copying_ops_run():
+    """A reshape that has to copy counts, one that views does not; SDPA with a bool
+    mask counts the conversion it makes on every call."""
+    counter = decode_ops.OpCounter()
+    x = torch.randn(4, 6)
+    q = torch.randn(1, 1, 2, 8)
+    mask = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    with torch.inference_mode(), counter:        # as the engine's steps run
+        x.reshape(6, 4)                          # a view
+        x.t().reshape(24)                        # a copy
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        x.to(torch.float32)                      # returns x itself: no kernel
+    assert counter.counts == {"reshape": 1, "scaled_dot_product_attention": 1,
+                              "where (SDPA's bool mask)": 1}
 
 
 def test_folded_summarises_one_thread(tmp_path):

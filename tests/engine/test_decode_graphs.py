@@ -115,10 +115,11 @@ def test_fixed_table_decode_follows_the_kvcache_contract(window):
     got = fixed_table_decode(query, cache[0], cache[1], seq_lens, table, 0.25, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # a step's gather, built once and passed to each layer, gives the same result
-    gather = table_gather(seq_lens, table, PAGE, window)
-    assert gather.visible.shape == (3, 1, 1, 2 * PAGE)
-    assert gather.visible.sum(-1).flatten().tolist() == (
+    gather = table_gather(seq_lens, table, PAGE, torch.float32, window)
+    assert gather.mask.shape == (3, 1, 1, 2 * PAGE) and gather.mask.dtype == torch.float32
+    assert (gather.mask == 0).sum(-1).flatten().tolist() == (
         [300, 10, 512] if window is None else [30, 10, 30])
+    assert set(gather.mask.unique().tolist()) == {0.0, float("-inf")}
     torch.testing.assert_close(
         fixed_table_decode(query, cache[0], cache[1], seq_lens, table, 0.25, window, gather),
         got, atol=0, rtol=0)
@@ -138,6 +139,16 @@ def test_derived_tensors_live_for_one_step_object():
     assert len(builds) == 1
     copy = dataclasses.replace(meta, block_table=torch.ones(2, 2, dtype=torch.int32))
     assert copy.derived == {} and copy.derive("key", lambda: torch.zeros(1)).item() == 0
+
+    # inside a compiled layer it builds every time and stores nothing: a compiled copy
+    # serves every layer and must not read what an earlier layer left
+    fresh = dataclasses.replace(meta)
+
+    def layer(x):
+        return x + fresh.derive("key", lambda: fresh.seq_lens_k.float().sum())
+
+    assert torch.compile(layer, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 2
+    assert fresh.derived == {}
 
 
 def _decode_step(requests: list[RequestState]) -> ScheduledBatch:

@@ -85,8 +85,18 @@ def test_half_precision_norm_is_transformers_arithmetic(dtype, offset):
         norm.weight.normal_()
     norm = norm.to(dtype)
     x = (torch.randn(7, 576) * 3).to(dtype)
+    check_norm_of(norm, x, offset, dtype)
+    # per-head norms (Qwen3's q/k norms) over a strided [T, H, D] view
+    heads = RMSNorm(64, 1e-6, offset=offset).to(dtype)
+    with torch.no_grad():
+        heads.weight.normal_()
+    qkv = (torch.randn(5, 12 * 64) * 2).to(dtype)
+    check_norm_of(heads, qkv[:, 64:9 * 64].view(5, 8, 64), offset, dtype)
+
+
+def check_norm_of(norm: RMSNorm, x: torch.Tensor, offset: float, dtype: torch.dtype) -> None:
     wide = x.float()
-    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + norm.eps)
     want = ((wide * (offset + norm.weight.float())).to(dtype) if offset
             else norm.weight * wide.to(dtype))
     got = norm(x)
