@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bench import decode_ops, folded, host_ops
+from bench import decode_ops, folded, host_ops, profile as profile_tool
 
 
 def test_decode_ops_counts_each_layers_kernels_once(tiny_models):
@@ -61,3 +61,16 @@ def test_host_ops_times_calls_on_the_cpu():
     assert results["device"] == "cpu"
     for name in ("python_1000_adds", "host_tensor_from_list", "device_add_", "copy_to_device"):
         assert results[name] > 0
+
+
+def test_profile_reports_the_engine_threads_ops(tiny_models, capsys):
+    """The engine steps on its own thread: the tables must hold its ops (a decode
+    step's matmuls), not only the caller's."""
+    path, _ = tiny_models["llama"]
+    profile_tool.main(["--model", str(path), "--device", "cpu", "--dtype", "float32",
+                  "--num-prompts", "2", "--input-len", "6", "--output-len", "4"])
+    printed = capsys.readouterr().out
+    first = printed.splitlines()[0]
+    assert "for 4 steps:" in first and "ms a step" in first
+    assert any(op in printed for op in ("_linear_pointwise", "aten::linear", "aten::addmm",
+                                        "aten::mm"))
