@@ -34,13 +34,18 @@ class RMSNorm(nn.Module):
             # in another order)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         input_dtype = x.dtype
+        if input_dtype != torch.float32 and not self.offset:
+            # half precision: torch's norm computes in fp32 and rounds its result to
+            # the input's dtype once, transformers' arithmetic in one op (CUDA's fused
+            # kernel): a decode step's graph holds 2 kernels per norm, not 8
+            return self.weight * F.rms_norm(x, self.weight.shape, None, self.eps)
         x = x.float()
         if input_dtype == torch.float32:
             # transformers' ops, in its order: the exact fp32 path on accelerators
             x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         else:
-            # half-precision inputs: the same fp32 arithmetic as one op (CUDA's fused
-            # kernel; a decode step's graph then holds 4 kernels per norm, not 8)
+            # (1 + weight) multiplies the fp32 norm before the rounding: one fused op
+            # for the norm itself
             x = F.rms_norm(x, self.weight.shape, None, self.eps)
         if self.offset:
             return (x * (self.offset + self.weight.float())).to(input_dtype)

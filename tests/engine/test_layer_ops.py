@@ -77,8 +77,9 @@ def test_rope_store_rounds_into_a_bf16_cache(kernels):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_half_precision_norm_is_transformers_arithmetic(dtype, offset):
-    """Half-precision inputs take one fused fp32 norm op (fewer kernels in a decode
-    step's graph); on CPU its result is transformers' op-by-op one bit for bit."""
+    """Half-precision inputs take torch's norm op, which computes in fp32 and rounds
+    once (fewer kernels in a decode step's graph); on CPU its result is transformers'
+    op-by-op one bit for bit, with and without Gemma's (1 + weight)."""
     torch.manual_seed(2)
     norm = RMSNorm(576, 1e-5, offset=offset)
     with torch.no_grad():
