@@ -35,7 +35,7 @@ class TableGather:
     turns a bool mask into an additive one with three more on every call)."""
 
     blocks: torch.Tensor       # [B, W] long: the block table as gather indices
-    mask: torch.Tensor         # [B, 1, 1, W * page_size]: 0 on each row's real keys, else -inf
+    mask: torch.Tensor         # [B, 1, 1, W * page_size]: 0 on a row's real keys, else -inf
 
 
 def table_gather(seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
@@ -81,5 +81,5 @@ def fixed_table_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache
     out = F.scaled_dot_product_attention(
         query.to(dtype).reshape(batch, num_kv_heads, group, head_dim),        # [B, KVH, G, D]
         keys.to(dtype).transpose(1, 2), values.to(dtype).transpose(1, 2),     # [B, KVH, L, D]
-        attn_mask=gather.mask, scale=scale)                                # [B, KVH, G, D]
+        attn_mask=gather.mask, scale=scale)                                   # [B, KVH, G, D]
     return out.reshape(batch, num_kv_heads * group, head_dim).to(query.dtype)
