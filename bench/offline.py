@@ -35,7 +35,8 @@ def make_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -
 
 ENGINE_STATS = ("decode_fast_path", "num_decode_graphs", "num_graph_steps",
                 "num_compiled_steps", "async_batching", "num_lookahead_steps", "num_steps")
-"""What the timed run's engine did: the paths that served it (graphs, compiled steps)."""
+"""What the timed run's engine did: the paths that served it (graphs, compiled steps).
+The report adds the warm-up's seconds and, when compiling, the graphs torch built."""
 
 
 def run_kvserve(model, prompts, output_len: int, cb_config: dict
@@ -43,10 +44,14 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict
     generation = GenerationConfig(max_new_tokens=output_len, eos_token_id=[])
     config = ContinuousBatchingConfig(**cb_config)
     compiling = any(cb_config.get(k) for k in ("default_compile_level", "varlen_compile_config"))
-    # compiled layer steps build a graph per kind of step (prefill waves, decodes) on
-    # first use: a warm-up of the whole batch builds them outside the timing
+    # compiled layer steps build their graphs on first use (prefill waves, decodes): a
+    # warm-up of the whole batch builds them outside the timing
     warm = prompts if compiling else prompts[:2]
+    graphs_before = _compiled_graphs()
+    started = time.perf_counter()
     model.generate_batch(warm, GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
+    warmup_seconds = time.perf_counter() - started
+    graphs_warm = _compiled_graphs()
     started = time.perf_counter()
     # the process is warm: no dummy prefill inside the timing (CUDA graphs, where there
     # are any, are recorded on the first step of each batch size, inside it)
@@ -56,7 +61,17 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict
     manager = model._cached_manager
     stats = {k: v for k, v in manager.stats().items() if k in ENGINE_STATS}
     manager.destroy()
+    stats["warmup_seconds"] = round(warmup_seconds, 2)
+    if compiling:       # graphs torch built in the warm-up, and later (new kinds of step)
+        stats["compiled_graphs"] = graphs_warm - graphs_before
+        stats["compiled_graphs_after_warmup"] = _compiled_graphs() - graphs_warm
     return seconds, sum(len(o.generated_tokens) for o in outputs.values()), stats
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (every frame and recompile)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
 
 
 def load_reference(spec: str, dtype: torch.dtype, device: torch.device):

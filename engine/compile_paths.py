@@ -17,9 +17,11 @@ Settings come from `varlen_compile_config` / `decode_compile_config` (a transfor
     level 2: mode "max-autotune-no-cudagraphs", dynamic shapes
     level 3: mode "max-autotune-no-cudagraphs", static shapes (a compile per shape)
 
-Each kind of step (how many prefill chunks, decode-only or not, the CPU's thread
-count; with static shapes every shape) is a graph of its own; past torch's recompile
-limit (8 per path) new kinds run eagerly, which torch logs.
+The torch backend's varlen attention runs outside the graphs (torch_backend.py), so
+how many prefill chunks a step holds, and where they start, build no new ones; what
+still does: the CPU's thread count, one-row steps (torch specialises a size of 1),
+and every shape under static shapes. Past torch's recompile limit (8 per path) new
+kinds run eagerly, which torch logs.
 
 The level gives settings only where compiling pays: on accelerators, and not to
 the varlen path of the flash backend (its max_seqlen_k changes every step). On CPU
@@ -112,6 +114,11 @@ def plan_compile(config, device: torch.device, flash_varlen: bool, fast_path: bo
     elif level is not None:
         varlen = varlen if varlen is not None or flash_varlen else level
         decode = decode if decode is not None else level
+    if varlen is not None and varlen.fullgraph:
+        # the torch backend's varlen attention is a graph break (torch_backend.py)
+        logger.info("varlen_compile_config: fullgraph off; varlen attention runs between "
+                    "the layer's compiled graphs")
+        varlen = dataclasses.replace(varlen, fullgraph=False)
     if decode is not None and not fast_path:
         if config.decode_compile_config is not None:
             logger.warning("decode_compile_config ignored: the decode fast path is off")

@@ -65,6 +65,17 @@ class TorchPagedAttention:
                 attention_dtype(query, key_cache), meta.window))
             return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
                                       meta.block_table, scale, meta.window, gather)
+        return self._varlen(query, key, value, flat_keys, flat_values, meta, scale)
+
+    @torch.compiler.disable
+    def _varlen(self, query, key, value, flat_keys, flat_values, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """Varlen steps (prefill chunks, CPU decodes): their shape is Python, not tensors
+        (how many chunks, which start at position 0, which rows decode), and a compiled
+        layer step would guard on all of it: a graph per kind of step, eight of them
+        before torch stops compiling (a 24-prompt run met that limit within 6 s). So
+        this part runs eagerly: the layer's compiled graphs end before it and start
+        again after it, and the same two serve every kind of step."""
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)
         kernels = _native_kernels(flat_keys)

@@ -42,6 +42,10 @@ def test_explicit_configs_win_and_cpu_ignores_levels(caplog):
     hf = plan(decode_compile_config=CompileConfig(fullgraph=True, mode="default")).decode
     assert hf.fullgraph and hf.mode == "default"
     with caplog.at_level(logging.INFO, logger="engine.compile_paths"):
+        whole = plan(varlen_compile_config=CompileConfig(fullgraph=True, mode="default"))
+    assert whole.varlen == CompileSettings(fullgraph=False, dynamic=None, mode="default")
+    assert "varlen_compile_config: fullgraph off" in caplog.text
+    with caplog.at_level(logging.INFO, logger="engine.compile_paths"):
         cpu = plan(CPU, fast_path=False, default_compile_level=2,
                    decode_compile_config={"dynamic": True},
                    varlen_compile_config={"dynamic": True})
@@ -82,6 +86,35 @@ def test_compiled_varlen_steps_give_transformers_tokens(tiny_llama):
     assert tokens == want
     assert stats["num_compiled_steps"] == stats["num_steps"] + 1
     assert counters["stats"]["unique_graphs"] > graphs_before     # graphs were built
+
+
+def test_one_set_of_varlen_graphs_serves_every_kind_of_step(tiny_llama):
+    """Varlen attention runs outside the compiled graphs, so their guards never see how
+    many chunks a step has or where they start: graphs built for one workload serve
+    another whose steps hold other numbers of chunks (before, each kind of step was a
+    graph of its own, and the ninth ran eagerly). A counting backend records every
+    graph torch builds."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model, reference = tiny_llama
+    config = {"varlen_compile_config": {"backend": counting_backend, "dynamic": True},
+              "max_requests_per_batch": 8}
+    first = random_prompts(4, 20, 40, seed=34)
+    tokens, stats = _generate(model, first, 3, max_batch_tokens=64, **config)
+    assert tokens == [reference_greedy(reference, p, 3) for p in first]
+    assert stats["num_compiled_steps"] > stats["num_steps"] > 0 and graphs
+    built = len(graphs)
+    # other chunk counts per step (up to 8 prompts of 5-90 tokens in 160-token steps),
+    # chunks that continue a prompt, decodes beside prefill chunks
+    second = random_prompts(12, 5, 90, seed=35)
+    tokens, stats = _generate(model, second, 4, max_batch_tokens=160, **config)
+    assert tokens == [reference_greedy(reference, p, 4) for p in second]
+    assert stats["num_compiled_steps"] > stats["num_steps"]
+    assert len(graphs) == built
 
 
 def test_compiled_steps_of_a_hybrid_sliding_model(tiny_gemma3):
