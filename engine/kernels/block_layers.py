@@ -18,7 +18,7 @@ import ctypes
 
 import torch
 
-from .native import BLOCK_KINDS
+from .native import BLOCK_KINDS, kernel_failure
 
 MAX_WEIGHT_PARTS = 4
 """kernels.h's MAX_WEIGHT_PARTS."""
@@ -54,7 +54,8 @@ class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
                 ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float),
                 ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
-                ("out_eps", ctypes.c_float), ("group", ctypes.c_int)]
+                ("out_eps", ctypes.c_float), ("group", ctypes.c_int),
+                ("num_slots", ctypes.c_int64)]
 
 
 def native_weight(linear) -> BlockWeight:
@@ -77,7 +78,7 @@ def native_weight(linear) -> BlockWeight:
 
 def _check(status: int, name: str) -> None:
     if status:
-        raise RuntimeError(f"{name} failed ({status})")
+        raise kernel_failure(name, status)
 
 
 def gated_mlp(kernels, x: torch.Tensor, gate_up, down, activation: int) -> torch.Tensor:

@@ -46,6 +46,7 @@ typedef struct {
     const float *attn_out_norm, *mlp_out_norm;   /* [hidden] each, or NULL */
     float out_eps;
     int group;                                   /* the BlockStackGroup it reads */
+    int64_t num_slots;                           /* the caches' slots */
 } BlockStackLayer;
 
 /* y = x + y, or x + rms_norm(y) with out_norm (y normalised in place first). */
@@ -80,13 +81,15 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
             rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
                           row + heads * dim);
         }
+        for (int64_t t = 0; !status && t < tokens; t++)
+            if ((uint64_t)group->slot_mapping[t] >= (uint64_t)layer->num_slots) status = 5;
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, group->cos, group->sin,
                             group->slot_mapping, layer->keys, layer->values, shape->kv_bf16);
         if (!status)
             status = paged_decode_attention(qkv, width_qkv, layer->keys, layer->values,
                                             shape->kv_bf16, group->slots, NULL, NULL, tokens,
-                                            group->lengths, tokens, group->width, heads,
+                                            layer->num_slots, group->lengths, tokens, group->width, heads,
                                             kv_heads, dim, shape->scale, context, num_threads);
         if (!status)
             status = block_weight_gemm(&layer->o, context, tokens, heads * dim, y, hidden,

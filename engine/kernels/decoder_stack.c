@@ -128,7 +128,7 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
     if (!status)
         status = paged_decode_attention(b->qkv, width_qkv, layer->keys, layer->values,
                                         shape->kv_bf16, g->slots, g->slot_rows, g->starts,
-                                        g->num_rows, g->lengths, tokens, g->width, heads,
+                                        g->num_rows, layer->num_slots, g->lengths, tokens, g->width, heads,
                                         shape->kv_heads, dim, shape->scale, b->context,
                                         num_threads);
     if (status) return status;

@@ -78,9 +78,9 @@ int gated_activation(const void *gate_up, int64_t tokens, int64_t inter, int bf1
 int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
                            const void *values, int kv_bf16, const int64_t *slots,
                            const int64_t *slot_rows, const int64_t *starts, int64_t num_rows,
-                           const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
-                           int64_t kv_heads, int64_t dim, float scale, float *out,
-                           int num_threads);
+                           int64_t num_slots, const int64_t *lengths, int64_t batch,
+                           int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
+                           float scale, float *out, int num_threads);
 
 /* prefill_attention.c: causal attention of one prefill chunk over a bf16 cache (see
  * there); prefill_attention_apply says whether this build serves head size `dim`. */

@@ -21,7 +21,7 @@ SIGNATURES = {
     "q4_gemm": "psspppspi", "q8_gemm": "pssppspi", "set_helper_spin_ns": "l",
     "block_gemm": "ipsspppspsi",
     "block_attention_half": "ppppspi", "block_mlp_half": "pppspi",
-    "blocks_gated_mlp": "psspspsipi", "paged_decode_attention": "psppipppspsssssfpi",
+    "blocks_gated_mlp": "psspspsipi", "paged_decode_attention": "psppipppsspsssssfpi",
     "gated_activation": "pssiipi", "rms_norm": "psspfpii", "rope_store": "psssspppppsii",
     "argmax_rows": "psspi", "attention_vectors_apply": "s", "rescore_head": "pppsssspi",
     "bf16_gemm": "pspssspsisi", "bf16_gated_gemm": "pspssspsii",
@@ -42,6 +42,19 @@ GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 
 FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 """config.hidden_act names -> the GATED_ACTIVATIONS name the kernels compute for them."""
+
+
+SLOT_OUTSIDE_CACHE = 5
+"""The native calls' status for a slot outside the cache (paged_attention.c's
+check_slots, rope_store, decode_layer.c): a step's metadata names cache memory that is
+not there."""
+
+
+def kernel_failure(name: str, status: int) -> Exception:
+    """The exception for a native call's nonzero status."""
+    if status == SLOT_OUTSIDE_CACHE:
+        return IndexError(f"{name}: a slot outside the KV cache (status {status})")
+    return RuntimeError(f"{name} failed ({status})")
 
 
 class NativeKernels:
@@ -194,9 +207,10 @@ class NativeKernels:
                                           slot_mapping.data_ptr(), keys.data_ptr(),
                                           values.data_ptr(), keys.shape[0],
                                           int(keys.dtype == torch.bfloat16), self.num_threads)
+        if status == 1:
+            raise ValueError(f"rope_store: head size {dim} must be even")
         if status:
-            raise ValueError(f"rope_store: head size {dim} must be even" if status == 1 else
-                             f"rope_store: slots must lie in [0, {keys.shape[0]})")
+            raise kernel_failure(f"rope_store (slots must lie in [0, {keys.shape[0]}))", status)
 
     def vector_attention(self, head_dim: int) -> bool:
         """Whether attention of this head size runs on vector passes here (AVX-512:
@@ -277,9 +291,9 @@ class NativeKernels:
             query.data_ptr(), query.stride(0), keys.data_ptr(), values.data_ptr(),
             int(cache_dtype == torch.bfloat16), slots.data_ptr(),
             None if slot_rows is None else slot_rows.data_ptr(),
-            None if starts is None else starts.data_ptr(), slots.shape[0],
+            None if starts is None else starts.data_ptr(), slots.shape[0], keys.shape[0],
             lengths.data_ptr(), batch, slots.shape[1], heads, keys.shape[1], dim, scale,
             out.data_ptr(), self.num_threads)
         if status:
-            raise RuntimeError(f"paged_decode_attention failed ({status})")
+            raise kernel_failure("paged_decode_attention", status)
         return out

@@ -40,7 +40,7 @@ from torch import nn
 
 from ..kernels.block_layers import (BlockStackGroup, BlockStackLayer, BlockStackShape,
                                     decoder_layer, native_weight)
-from ..kernels.native import GATED_ACTIVATIONS
+from ..kernels.native import GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear, FusedBlockMLP
 from .packed_stack import FULL, SLIDING, layer_norms, norm_weight
 
@@ -158,8 +158,9 @@ def _bound_to(entries, layer_indices: list[int], shape: BlockStackShape,
         return None
     entries = (BlockStackLayer * len(entries))(*entries)                 # copies
     for entry, index in zip(entries, layer_indices):
-        entry.keys = kv_cache.key_caches[index].data_ptr()
-        entry.values = kv_cache.value_caches[index].data_ptr()
+        keys = kv_cache.key_caches[index]                 # [num_blocks, page, KVH, D]
+        entry.keys, entry.values = keys.data_ptr(), kv_cache.value_caches[index].data_ptr()
+        entry.num_slots = keys.shape[0] * keys.shape[1]
     shape = BlockStackShape.from_buffer_copy(shape)
     shape.kv_bf16 = int(caches[0].dtype == torch.bfloat16)
     return entries, shape
@@ -260,5 +261,5 @@ class FastDecodeStack:
         status = self.function(entries, len(self.layers), ctypes.byref(shape), groups,
                                len(groups), x.data_ptr(), rows, self.kernels.num_threads)
         if status:
-            raise RuntimeError(f"block_decoder_stack failed ({status})")
+            raise kernel_failure("block_decoder_stack", status)
         return x

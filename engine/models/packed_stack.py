@@ -47,7 +47,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..kernels.native import GATED_ACTIVATIONS
+from ..kernels.native import GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear
 from .packed_layer import packed_of, packed_with_bias, step_fits
 from .paired_mlp import FUSED_ACTIVATIONS
@@ -287,5 +287,5 @@ class PackedStack:
         status = self.function(layers, len(self.kept), ctypes.byref(shape), x.data_ptr(), rows,
                                groups, len(groups), self.kernels.num_threads)
         if status:
-            raise RuntimeError(f"bf16_decoder_stack failed ({status})")
+            raise kernel_failure("bf16_decoder_stack", status)
         return x

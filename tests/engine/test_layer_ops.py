@@ -55,7 +55,7 @@ def test_rms_norm_matches_torch(kernels, rows, n):
 def test_rope_store_refuses_slots_outside_the_cache(kernels):
     qkv = torch.zeros(2, 4 * 16)
     cache = torch.zeros(8, 1, 16)
-    with pytest.raises(ValueError, match="slots"):
+    with pytest.raises(IndexError, match=r"outside the KV cache"):
         kernels.rope_store(qkv, 2, torch.ones(2, 16), torch.zeros(2, 16), torch.tensor([3, 8]),
                            cache, cache.clone())
 

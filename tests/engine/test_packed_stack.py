@@ -132,3 +132,32 @@ def test_each_cache_keeps_its_own_pointers(default_bf16):
     assert torch.equal(alone[0], again[0])
     assert all(torch.equal(a, b) for a, b in zip(alone[1], again[1]))
     assert not torch.equal(alone[0], second_result[0])
+
+
+@pytest.mark.parametrize("field", ["slot_mapping", "decode_kv_slots"])
+@pytest.mark.parametrize("stack_type,rows", [
+    (FastDecodeStack, 2), pytest.param(PackedStack, 12, marks=needs_bf16_gemm)])
+def test_the_stacks_refuse_slots_outside_the_cache(default_bf16, stack_type, rows, field):
+    """A step whose metadata names a slot past the caches (a new K/V's slot, or one a
+    row reads) stops with an IndexError before the native stack writes or reads
+    there."""
+    runs = StepRuns(default_bf16, decodes(default_bf16, rows))
+    keys = runs.caches[0]                                   # [num_blocks, page, KVH, D]
+    getattr(runs.inputs.meta, field).view(-1)[1] = keys.shape[0] * keys.shape[1]
+    stacks, raised = default_bf16.module.layer_stacks, []
+    stack = next(s for s in stacks if isinstance(s, stack_type))
+
+    def only_stack(*args, **kwargs):          # the stack itself refuses, not a later path
+        try:
+            return stack(*args, **kwargs)
+        except IndexError:
+            raised.append(stack_type)
+            raise
+
+    default_bf16.module.layer_stacks = [only_stack]
+    try:
+        with pytest.raises(IndexError, match="outside the KV cache"):
+            runs.run()
+    finally:
+        default_bf16.module.layer_stacks = stacks
+    assert raised == [stack_type]

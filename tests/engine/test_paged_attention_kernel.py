@@ -1,6 +1,6 @@
 """The native decode-attention kernel equals attention computed with torch over the
 same paged cache: GQA, contexts of different lengths with padding after them, slots
-scattered over the cache, head sizes on the vector paths (AVX-512: multiples of 16
+scattered over the cache (and refused outside it), head sizes on the vector paths (AVX-512: multiples of 16
 such as 16, 48, 64, 128; AVX2: multiples of 8, whose values are swept 64 columns and
 at most 8 vectors at a time, so 16, 24, 32 and 96 each take another sweep shape) and
 off them (10)."""
@@ -148,6 +148,31 @@ def test_kernel_refuses_what_it_cannot_read(kernels):
                                        torch.tensor([5]), 1.0)
 
 
+def test_kernel_refuses_slots_outside_the_cache(kernels):
+    """A slot a query reads outside [0, num_slots) is an IndexError, not a read of
+    memory past the cache; entries no query reads (padding past a length, before a
+    window's start) may hold anything."""
+    generator = torch.Generator().manual_seed(23)
+    keys = torch.randn(50, 2, 16, generator=generator)
+    values = torch.randn(50, 2, 16, generator=generator)
+    query = torch.randn(3, 4, 16, generator=generator)
+    slots = torch.randperm(50, generator=generator)[:12].view(2, 6)
+    slot_rows, starts = torch.tensor([0, 0, 1]), torch.tensor([1, 1, 0])
+    lengths = torch.tensor([2, 3, 5])            # row 0: entries 1..3, row 1: 0..4
+    padded = slots.clone()
+    padded[0, 0], padded[0, 4:], padded[1, 5] = -1, 10**9, 50     # read by no query
+    got = kernels.paged_decode_attention(query, keys, values, padded, lengths, 0.25,
+                                         slot_rows=slot_rows, starts=starts)
+    torch.testing.assert_close(got, kernels.paged_decode_attention(
+        query, keys, values, slots, lengths, 0.25, slot_rows=slot_rows, starts=starts))
+    for row, entry, slot in ((0, 3, 50), (1, 0, -1), (1, 4, 10**12)):   # read by a query
+        bad = slots.clone()
+        bad[row, entry] = slot
+        with pytest.raises(IndexError, match="outside the KV cache"):
+            kernels.paged_decode_attention(query, keys, values, bad, lengths, 0.25,
+                                           slot_rows=slot_rows, starts=starts)
+
+
 @pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
 def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_prompts):
     """Where no native kernel serves (no compiler, a GPU), decode attention falls back
@@ -185,6 +210,31 @@ def test_bf16_cache_reads_as_its_fp32_values(kernels, dim):
     torch.testing.assert_close(got, widened, rtol=exact, atol=exact)
     torch.testing.assert_close(got, reference(query, keys.float(), values.float(), slots,
                                               lengths, 0.1), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_refuses_slots_outside_the_cache(kernels):
+    """A slot a query reads outside [0, num_slots) is an IndexError, not a read of
+    memory past the cache; entries no query reads (padding past a length, before a
+    window's start) may hold anything."""
+    generator = torch.Generator().manual_seed(23)
+    keys = torch.randn(50, 2, 16, generator=generator)
+    values = torch.randn(50, 2, 16, generator=generator)
+    query = torch.randn(3, 4, 16, generator=generator)
+    slots = torch.randperm(50, generator=generator)[:12].view(2, 6)
+    slot_rows, starts = torch.tensor([0, 0, 1]), torch.tensor([1, 1, 0])
+    lengths = torch.tensor([2, 3, 5])            # row 0: entries 1..3, row 1: 0..4
+    padded = slots.clone()
+    padded[0, 0], padded[0, 4:], padded[1, 5] = -1, 10**9, 50     # read by no query
+    got = kernels.paged_decode_attention(query, keys, values, padded, lengths, 0.25,
+                                         slot_rows=slot_rows, starts=starts)
+    torch.testing.assert_close(got, kernels.paged_decode_attention(
+        query, keys, values, slots, lengths, 0.25, slot_rows=slot_rows, starts=starts))
+    for row, entry, slot in ((0, 3, 50), (1, 0, -1), (1, 4, 10**12)):   # read by a query
+        bad = slots.clone()
+        bad[row, entry] = slot
+        with pytest.raises(IndexError, match="outside the KV cache"):
+            kernels.paged_decode_attention(query, keys, values, bad, lengths, 0.25,
+                                           slot_rows=slot_rows, starts=starts)
 
 
 @pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
