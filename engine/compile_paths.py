@@ -17,11 +17,14 @@ Settings come from `varlen_compile_config` / `decode_compile_config` (a transfor
     level 2: mode "max-autotune-no-cudagraphs", dynamic shapes
     level 3: mode "max-autotune-no-cudagraphs", static shapes (a compile per shape)
 
-The torch backend's varlen attention runs outside the graphs (torch_backend.py), so
-how many prefill chunks a step holds, and where they start, build no new ones; what
-still does: the CPU's thread count, one-row steps (torch specialises a size of 1),
-and every shape under static shapes. Past torch's recompile limit (8 per path) new
-kinds run eagerly, which torch logs.
+The torch backend's varlen attention runs outside the graphs (compile_boundary in
+torch_backend.py), so how many prefill chunks a step holds, and where they start,
+build no new ones; what still does: the CPU's thread count, one-row steps (torch
+specialises a size of 1), and every shape under static shapes. Past torch's
+recompile limit (8 graphs a function) new kinds run eagerly, which torch logs. The
+frames a varlen step compiles after the boundary (the layer's torch_step, its
+attention module, the backend, and where each resumes) are shared code, so they
+share that limit across settings and models in one process.
 
 The level gives settings only where compiling pays: on accelerators, and not to
 the varlen path of the flash backend (its max_seqlen_k changes every step). On CPU
@@ -42,6 +45,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from .attention.torch_backend import compile_boundary
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +119,8 @@ def plan_compile(config, device: torch.device, flash_varlen: bool, fast_path: bo
     elif level is not None:
         varlen = varlen if varlen is not None or flash_varlen else level
         decode = decode if decode is not None else level
-    if varlen is not None and varlen.fullgraph:
-        # the torch backend's varlen attention is a graph break (torch_backend.py)
+    if varlen is not None and varlen.fullgraph and not flash_varlen:
+        # the torch backend's varlen attention is a graph break (compile_boundary)
         logger.info("varlen_compile_config: fullgraph off; varlen attention runs between "
                     "the layer's compiled graphs")
         varlen = dataclasses.replace(varlen, fullgraph=False)
@@ -158,7 +163,9 @@ class CompiledLayerStep:
             try:
                 out = self.compiled(layer, *args)
             except torch._dynamo.exc.TorchDynamoException as error:
-                # raised while tracing or compiling, before any of the step ran
+                # raised while tracing or compiling: the first graph fails before any
+                # of the step ran; a graph after the varlen boundary, once the layer's
+                # K/V were stored, and the eager rerun stores the same values again
                 logger.warning("compile of the %s path failed (%s); it runs eagerly",
                                self.path, error)
                 self.failed = True
@@ -181,6 +188,7 @@ def _compiled_for(settings: CompileSettings, path: str) -> Callable:
     `_layer_step`'s code: dynamo keeps compiled code per code object, and graphs built
     under other settings must not be handed out."""
     key = f"{path} {settings!r}"     # each path its own graphs and recompile budget
+    # (for the frame entered here; see the module's notes on the varlen boundary)
     if key not in _compiled:
         code_copy = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__,
                                        f"layer_step_{len(_compiled)}")
@@ -190,5 +198,7 @@ def _compiled_for(settings: CompileSettings, path: str) -> Callable:
 
 def compiled_steps(plan: CompilePlan) -> tuple[CompiledLayerStep | None, CompiledLayerStep | None]:
     """(varlen step, decode step) of a plan: None where a path stays eager."""
+    if plan.varlen is not None:
+        compile_boundary()
     return (None if plan.varlen is None else CompiledLayerStep(plan.varlen, "varlen"),
             None if plan.decode is None else CompiledLayerStep(plan.decode, "decode"))

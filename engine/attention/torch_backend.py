@@ -67,15 +67,10 @@ class TorchPagedAttention:
                                       meta.block_table, scale, meta.window, gather)
         return self._varlen(query, key, value, flat_keys, flat_values, meta, scale)
 
-    @torch.compiler.disable
     def _varlen(self, query, key, value, flat_keys, flat_values, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
-        """Varlen steps (prefill chunks, CPU decodes): their shape is Python, not tensors
-        (how many chunks, which start at position 0, which rows decode), and a compiled
-        layer step would guard on all of it: a graph per kind of step, eight of them
-        before torch stops compiling (a 24-prompt run met that limit within 6 s). So
-        this part runs eagerly: the layer's compiled graphs end before it and start
-        again after it, and the same two serve every kind of step."""
+        """Varlen steps (prefill chunks, CPU decodes). Under a compiled layer step this
+        runs eagerly (compile_boundary)."""
         if not meta.prefills:                 # decode only: row d is decode request d
             return self._decode(query, flat_keys, flat_values, meta, scale)
         kernels = _native_kernels(flat_keys)
@@ -172,3 +167,21 @@ def _gather_contexts(flat_keys: torch.Tensor, flat_values: torch.Tensor,
     shape = (*slots.shape, flat_keys.shape[1], flat_keys.shape[2])
     return (flat_keys.index_select(0, slots.view(-1)).view(shape).to(dtype),
             flat_values.index_select(0, slots.view(-1)).view(shape).to(dtype))
+
+
+_boundary_installed = False
+
+
+def compile_boundary() -> None:
+    """Run the varlen attention eagerly inside compiled layer steps, from now on, in
+    this process (compile_paths.py calls it when a varlen path compiles). Its shape is
+    Python, not tensors: how many prefill chunks, which start at position 0, which rows
+    decode. A traced layer guards on all of it: a graph per kind of step, eight of them
+    before torch stops compiling (a 24-prompt run met that limit within 6 s). Behind
+    torch.compiler.disable, the layer's graphs end before it and start again after it,
+    and one set serves every kind of step. Done on demand: the decorator imports
+    dynamo, which costs an engine that compiles nothing ~1 s at start."""
+    global _boundary_installed
+    if not _boundary_installed:
+        TorchPagedAttention._varlen = torch.compiler.disable(TorchPagedAttention._varlen)
+        _boundary_installed = True

@@ -81,16 +81,18 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
             rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
                           row + heads * dim);
         }
-        for (int64_t t = 0; !status && t < tokens; t++)
-            if ((uint64_t)group->slot_mapping[t] >= (uint64_t)layer->num_slots) status = 5;
+        for (int64_t t = 0; !status && t < tokens; t++)    /* before any K/V is stored */
+            if ((uint64_t)group->slot_mapping[t] >= (uint64_t)layer->num_slots)
+                status = STATUS_SLOT_OUTSIDE_CACHE;
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, group->cos, group->sin,
                             group->slot_mapping, layer->keys, layer->values, shape->kv_bf16);
         if (!status)
             status = paged_decode_attention(qkv, width_qkv, layer->keys, layer->values,
-                                            shape->kv_bf16, group->slots, NULL, NULL, tokens,
-                                            layer->num_slots, group->lengths, tokens, group->width, heads,
-                                            kv_heads, dim, shape->scale, context, num_threads);
+                                            shape->kv_bf16, group->slots, NULL, NULL,
+                                            tokens, layer->num_slots, group->lengths, tokens,
+                                            group->width, heads, kv_heads, dim, shape->scale,
+                                            context, num_threads);
         if (!status)
             status = block_weight_gemm(&layer->o, context, tokens, heads * dim, y, hidden,
                                        num_threads);

@@ -127,10 +127,10 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
                             shape->kv_bf16, num_threads);
     if (!status)
         status = paged_decode_attention(b->qkv, width_qkv, layer->keys, layer->values,
-                                        shape->kv_bf16, g->slots, g->slot_rows, g->starts,
-                                        g->num_rows, layer->num_slots, g->lengths, tokens, g->width, heads,
-                                        shape->kv_heads, dim, shape->scale, b->context,
-                                        num_threads);
+                                        shape->kv_bf16, g->slots, g->slot_rows,
+                                        g->starts, g->num_rows, layer->num_slots, g->lengths,
+                                        tokens, g->width, heads, shape->kv_heads, dim,
+                                        shape->scale, b->context, num_threads);
     if (status) return status;
     store_cached(b->context_bf16, 1, 0, b->context, tokens * heads * dim);
     status = bf16_gemm(b->context_bf16, heads * dim, layer->o, tokens, heads * dim, hidden,

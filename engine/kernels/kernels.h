@@ -23,6 +23,10 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
  * (output columns) [offset_p, offset_p + columns) with offset_p the columns of the
  * parts before it. m is NULL for the kinds without minima (Q8). */
 #define MAX_WEIGHT_PARTS 4
+
+/* The status of a call whose step names a cache slot outside the cache (the attention,
+ * rope_store, the block stack's K/V stores): native.py's SLOT_OUTSIDE_CACHE. */
+#define STATUS_SLOT_OUTSIDE_CACHE 9
 typedef struct {
     int64_t kind;                    /* BLOCKS_* */
     int64_t columns;

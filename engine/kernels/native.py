@@ -44,10 +44,10 @@ FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu
 """config.hidden_act names -> the GATED_ACTIVATIONS name the kernels compute for them."""
 
 
-SLOT_OUTSIDE_CACHE = 5
-"""The native calls' status for a slot outside the cache (paged_attention.c's
-check_slots, rope_store, decode_layer.c): a step's metadata names cache memory that is
-not there."""
+SLOT_OUTSIDE_CACHE = 9
+"""The native calls' status for a slot outside the cache (kernels.h's
+STATUS_SLOT_OUTSIDE_CACHE: paged_attention.c's check_slots, rope_store, decode_layer.c's
+K/V stores): a step's metadata names cache memory that is not there."""
 
 
 def kernel_failure(name: str, status: int) -> Exception:

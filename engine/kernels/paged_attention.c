@@ -283,47 +283,51 @@ static int attend_rows(const float *q, int64_t q_stride, const void *keys,
     return 0;
 }
 
-/* 5 when a slot some query reads lies outside the cache's [0, num_slots), else 0 (2
- * out of memory). Each row of slots is checked once, over the entries its queries
- * read: the rows of a prefill chunk share their request's row, and checking it per
- * query would cost the chunk's length squared. E.g. a chunk of queries at positions
- * 4..7 reads entries [0, 5) .. [0, 8) of its row: entries [0, 8) are checked. */
+/* STATUS_SLOT_OUTSIDE_CACHE when a slot some query may read lies outside the cache's
+ * [0, num_slots), else 0 (2 out of memory). Each row of slots is checked once, over
+ * entries [0, end) where end is the furthest entry its queries read: the rows of a
+ * prefill chunk share their request's row, and checking per query would cost the
+ * chunk's length squared. From entry 0, not from a window's start: a blocked prefill
+ * run (find_prefill_runs) packs its row's keys from entry 0. E.g. a chunk of queries
+ * at positions 4..7 reads entries [0, 5) .. [0, 8) of its row: [0, 8) is checked. */
 static int check_slots(const int64_t *slots, const int64_t *slot_rows, const int64_t *starts,
                        int64_t num_rows, int64_t num_slots, const int64_t *lengths,
                        int64_t batch, int64_t width) {
-    int64_t *first = malloc(sizeof(int64_t) * 2 * num_rows), *end = first + num_rows;
-    if (!first) return 2;
-    for (int64_t r = 0; r < num_rows; r++) first[r] = width, end[r] = 0;
+    int64_t *end = calloc((size_t)num_rows, sizeof(int64_t));
+    if (!end) return 2;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t r = slot_rows ? slot_rows[b] : b, start = starts ? starts[b] : 0;
-        if (start < first[r]) first[r] = start;
         if (start + lengths[b] > end[r]) end[r] = start + lengths[b];
     }
     int bad = 0;
     for (int64_t r = 0; r < num_rows; r++)
-        for (int64_t l = first[r]; l < end[r]; l++)
+        for (int64_t l = 0; l < end[r]; l++)
             bad |= (uint64_t)slots[r * width + l] >= (uint64_t)num_slots;
-    free(first);
-    return bad ? 5 : 0;
+    free(end);
+    return bad ? STATUS_SLOT_OUTSIDE_CACHE : 0;
 }
 
 /* Attention of `batch` requests whose queries start q_stride floats apart; out is
  * [batch, heads, dim]. Over a bf16 cache, prefill chunks' runs of rows go to the
- * blocked kernel (find_prefill_runs), the other rows one at a time. Returns 0, or an error
- * code (see paged_decode_attention). */
+ * blocked kernel (find_prefill_runs), the other rows one at a time. Returns 0; 1 bad
+ * head counts; 2 out of memory; 3 a length or start outside its row of slots; 4 a
+ * slot row outside [0, num_rows), or fewer rows than queries without slot_rows;
+ * STATUS_SLOT_OUTSIDE_CACHE a slot outside the cache (check_slots). */
 static int attention_run(const float *q, int64_t q_stride, const void *keys,
                          const void *values, int kv_bf16, const int64_t *slots,
                          const int64_t *slot_rows, const int64_t *starts, int64_t num_rows,
-                         int64_t num_slots, const int64_t *lengths, int64_t batch, int64_t width, int64_t heads,
-                         int64_t kv_heads, int64_t dim, float scale, float *out,
-                         int num_threads) {
+                         int64_t num_slots, const int64_t *lengths, int64_t batch,
+                         int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
+                         float scale, float *out, int num_threads) {
     if (batch <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return 1;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t first = starts ? starts[b] : 0;
-        if (lengths[b] < 1 || first < 0 || first + lengths[b] > width) return 3;
+        if (lengths[b] < 1 || first < 0 || first > width || lengths[b] > width - first)
+            return 3;
         if (slot_rows && (slot_rows[b] < 0 || slot_rows[b] >= num_rows)) return 4;
     }
+    if (!slot_rows && num_rows < batch) return 4;
     const int bad_slots = check_slots(slots, slot_rows, starts, num_rows, num_slots, lengths,
                                       batch, width);
     if (bad_slots) return bad_slots;
@@ -360,5 +364,6 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *keys,
                            int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
                            float scale, float *out, int num_threads) {
     return attention_run(q, q_stride, keys, values, kv_bf16, slots, slot_rows, starts, num_rows,
-                         num_slots, lengths, batch, width, heads, kv_heads, dim, scale, out, num_threads);
+                         num_slots, lengths, batch, width, heads, kv_heads, dim, scale, out,
+                         num_threads);
 }

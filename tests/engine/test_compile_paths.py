@@ -104,14 +104,16 @@ def test_one_set_of_varlen_graphs_serves_every_kind_of_step(tiny_llama):
     config = {"varlen_compile_config": {"backend": counting_backend, "dynamic": True},
               "max_requests_per_batch": 8}
     first = random_prompts(4, 20, 40, seed=34)
-    tokens, stats = _generate(model, first, 3, max_batch_tokens=64, **config)
-    assert tokens == [reference_greedy(reference, p, 3) for p in first]
-    assert stats["num_compiled_steps"] > stats["num_steps"] > 0 and graphs
-    built = len(graphs)
-    # other chunk counts per step (up to 8 prompts of 5-90 tokens in 160-token steps),
-    # chunks that continue a prompt, decodes beside prefill chunks
-    second = random_prompts(12, 5, 90, seed=35)
-    tokens, stats = _generate(model, second, 4, max_batch_tokens=160, **config)
+    # a limit no run here reaches, so a kind of step past it cannot hide as eager
+    with torch._dynamo.config.patch(recompile_limit=64):
+        tokens, stats = _generate(model, first, 3, max_batch_tokens=64, **config)
+        assert tokens == [reference_greedy(reference, p, 3) for p in first]
+        assert stats["num_compiled_steps"] > stats["num_steps"] > 0 and graphs
+        built = len(graphs)
+        # other chunk counts per step (up to 8 prompts of 5-90 tokens in 160-token
+        # steps), chunks that continue a prompt, decodes beside prefill chunks
+        second = random_prompts(12, 5, 90, seed=35)
+        tokens, stats = _generate(model, second, 4, max_batch_tokens=160, **config)
     assert tokens == [reference_greedy(reference, p, 4) for p in second]
     assert stats["num_compiled_steps"] > stats["num_steps"]
     assert len(graphs) == built

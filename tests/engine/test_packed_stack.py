@@ -161,3 +161,5 @@ def test_the_stacks_refuse_slots_outside_the_cache(default_bf16, stack_type, row
     finally:
         default_bf16.module.layer_stacks = stacks
     assert raised == [stack_type]
+    if field == "slot_mapping":      # refused before the first layer stored its K/V
+        assert all(torch.equal(cache, start) for cache, start in zip(runs.caches, runs.start))

@@ -1,9 +1,9 @@
 """The native decode-attention kernel equals attention computed with torch over the
 same paged cache: GQA, contexts of different lengths with padding after them, slots
-scattered over the cache (and refused outside it), head sizes on the vector paths (AVX-512: multiples of 16
-such as 16, 48, 64, 128; AVX2: multiples of 8, whose values are swept 64 columns and
-at most 8 vectors at a time, so 16, 24, 32 and 96 each take another sweep shape) and
-off them (10)."""
+scattered over the cache (refused outside it), head sizes on the vector paths
+(AVX-512: multiples of 16 such as 16, 48, 64, 128; AVX2: multiples of 8, whose values
+are swept 64 columns and at most 8 vectors at a time, so 16, 24, 32 and 96 each take
+another sweep shape) and off them (10)."""
 
 from __future__ import annotations
 
@@ -149,9 +149,10 @@ def test_kernel_refuses_what_it_cannot_read(kernels):
 
 
 def test_kernel_refuses_slots_outside_the_cache(kernels):
-    """A slot a query reads outside [0, num_slots) is an IndexError, not a read of
-    memory past the cache; entries no query reads (padding past a length, before a
-    window's start) may hold anything."""
+    """A slot a query may read outside [0, num_slots) is an IndexError, not a read of
+    memory past the cache. Each row of slots is checked from entry 0 (a blocked
+    prefill run packs its row's keys from there, a window's start or not) to the
+    furthest entry its queries read; entries past that may hold anything."""
     generator = torch.Generator().manual_seed(23)
     keys = torch.randn(50, 2, 16, generator=generator)
     values = torch.randn(50, 2, 16, generator=generator)
@@ -160,17 +161,37 @@ def test_kernel_refuses_slots_outside_the_cache(kernels):
     slot_rows, starts = torch.tensor([0, 0, 1]), torch.tensor([1, 1, 0])
     lengths = torch.tensor([2, 3, 5])            # row 0: entries 1..3, row 1: 0..4
     padded = slots.clone()
-    padded[0, 0], padded[0, 4:], padded[1, 5] = -1, 10**9, 50     # read by no query
+    padded[0, 4:], padded[1, 5] = 10**9, 50      # past every query's reach
     got = kernels.paged_decode_attention(query, keys, values, padded, lengths, 0.25,
                                          slot_rows=slot_rows, starts=starts)
     torch.testing.assert_close(got, kernels.paged_decode_attention(
         query, keys, values, slots, lengths, 0.25, slot_rows=slot_rows, starts=starts))
-    for row, entry, slot in ((0, 3, 50), (1, 0, -1), (1, 4, 10**12)):   # read by a query
+    for row, entry, slot in ((0, 3, 50), (0, 0, -1), (1, 0, -1), (1, 4, 10**12)):
         bad = slots.clone()
         bad[row, entry] = slot
         with pytest.raises(IndexError, match="outside the KV cache"):
             kernels.paged_decode_attention(query, keys, values, bad, lengths, 0.25,
                                            slot_rows=slot_rows, starts=starts)
+
+
+def test_a_windowed_bf16_run_refuses_slots_before_its_start(kernels):
+    """Ten rows of one chunk in a window of 4 (a run for the blocked prefill tiles
+    where the CPU has them): the run reads its row from entry 0, so a bad slot there,
+    before every query's start, is refused too (it was read past the cache)."""
+    generator = torch.Generator().manual_seed(24)
+    keys = torch.randn(64, 1, 64, generator=generator).bfloat16()
+    values = torch.randn(64, 1, 64, generator=generator).bfloat16()
+    query = torch.randn(10, 2, 64, generator=generator)
+    slots = torch.randperm(64, generator=generator)[:16].view(1, 16)
+    slot_rows, starts = torch.zeros(10, dtype=torch.long), torch.arange(3, 13)
+    lengths = torch.full((10,), 4)
+    kernels.paged_decode_attention(query, keys, values, slots, lengths, 0.125,
+                                   slot_rows=slot_rows, starts=starts)
+    bad = slots.clone()
+    bad[0, :3] = 10**12
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        kernels.paged_decode_attention(query, keys, values, bad, lengths, 0.125,
+                                       slot_rows=slot_rows, starts=starts)
 
 
 @pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
@@ -210,31 +231,6 @@ def test_bf16_cache_reads_as_its_fp32_values(kernels, dim):
     torch.testing.assert_close(got, widened, rtol=exact, atol=exact)
     torch.testing.assert_close(got, reference(query, keys.float(), values.float(), slots,
                                               lengths, 0.1), rtol=1e-5, atol=1e-5)
-
-
-def test_kernel_refuses_slots_outside_the_cache(kernels):
-    """A slot a query reads outside [0, num_slots) is an IndexError, not a read of
-    memory past the cache; entries no query reads (padding past a length, before a
-    window's start) may hold anything."""
-    generator = torch.Generator().manual_seed(23)
-    keys = torch.randn(50, 2, 16, generator=generator)
-    values = torch.randn(50, 2, 16, generator=generator)
-    query = torch.randn(3, 4, 16, generator=generator)
-    slots = torch.randperm(50, generator=generator)[:12].view(2, 6)
-    slot_rows, starts = torch.tensor([0, 0, 1]), torch.tensor([1, 1, 0])
-    lengths = torch.tensor([2, 3, 5])            # row 0: entries 1..3, row 1: 0..4
-    padded = slots.clone()
-    padded[0, 0], padded[0, 4:], padded[1, 5] = -1, 10**9, 50     # read by no query
-    got = kernels.paged_decode_attention(query, keys, values, padded, lengths, 0.25,
-                                         slot_rows=slot_rows, starts=starts)
-    torch.testing.assert_close(got, kernels.paged_decode_attention(
-        query, keys, values, slots, lengths, 0.25, slot_rows=slot_rows, starts=starts))
-    for row, entry, slot in ((0, 3, 50), (1, 0, -1), (1, 4, 10**12)):   # read by a query
-        bad = slots.clone()
-        bad[row, entry] = slot
-        with pytest.raises(IndexError, match="outside the KV cache"):
-            kernels.paged_decode_attention(query, keys, values, bad, lengths, 0.25,
-                                           slot_rows=slot_rows, starts=starts)
 
 
 @pytest.mark.parametrize("num_prompts", [3, 7])     # one SDPA call / per-KV-head matmuls
