@@ -47,11 +47,11 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict
     # compiled layer steps build their graphs on first use (prefill waves, decodes): a
     # warm-up of the whole batch builds them outside the timing
     warm = prompts if compiling else prompts[:2]
-    graphs_before = _compiled_graphs()
+    graphs_before = _compiled_graphs() if compiling else 0
     started = time.perf_counter()
     model.generate_batch(warm, GenerationConfig(max_new_tokens=4, eos_token_id=[]), config)
     warmup_seconds = time.perf_counter() - started
-    graphs_warm = _compiled_graphs()
+    graphs_warm = _compiled_graphs() if compiling else 0
     started = time.perf_counter()
     # the process is warm: no dummy prefill inside the timing (CUDA graphs, where there
     # are any, are recorded on the first step of each batch size, inside it)

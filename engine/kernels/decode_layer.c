@@ -81,9 +81,8 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
             rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
                           row + heads * dim);
         }
-        for (int64_t t = 0; !status && t < tokens; t++)    /* before any K/V is stored */
-            if ((uint64_t)group->slot_mapping[t] >= (uint64_t)layer->num_slots)
-                status = STATUS_SLOT_OUTSIDE_CACHE;
+        if (!status && any_slot_outside(group->slot_mapping, tokens, layer->num_slots))
+            status = STATUS_SLOT_OUTSIDE_CACHE;             /* before any K/V is stored */
         if (!status)
             rope_store_rows(qkv, 0, tokens, heads, kv_heads, dim, group->cos, group->sin,
                             group->slot_mapping, layer->keys, layer->values, shape->kv_bf16);

@@ -27,6 +27,13 @@ int q4_gemm(const float *x, int64_t rows, int64_t k, const uint8_t *q, const flo
 /* The status of a call whose step names a cache slot outside the cache (the attention,
  * rope_store, the block stack's K/V stores): native.py's SLOT_OUTSIDE_CACHE. */
 #define STATUS_SLOT_OUTSIDE_CACHE 9
+
+/* Whether any of slots[0 .. count) lies outside [0, num_slots) (a negative one too). */
+static inline int any_slot_outside(const int64_t *slots, int64_t count, int64_t num_slots) {
+    int outside = 0;
+    for (int64_t i = 0; i < count; i++) outside |= (uint64_t)slots[i] >= (uint64_t)num_slots;
+    return outside;
+}
 typedef struct {
     int64_t kind;                    /* BLOCKS_* */
     int64_t columns;

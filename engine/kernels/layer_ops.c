@@ -149,9 +149,7 @@ int rope_store(float *qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int6
                const float *cos, const float *sin, const int64_t *slot_mapping,
                void *keys, void *values, int64_t num_slots, int kv_bf16, int num_threads) {
     if (dim % 2) return 1;
-    for (int64_t t = 0; t < tokens; t++)
-        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots)
-            return STATUS_SLOT_OUTSIDE_CACHE;
+    if (any_slot_outside(slot_mapping, tokens, num_slots)) return STATUS_SLOT_OUTSIDE_CACHE;
     if (tokens <= 0) return 0;
     RopeJob job = {qkv, tokens, heads, kv_heads, dim, cos, sin, slot_mapping, keys, values,
                    kv_bf16};

@@ -301,8 +301,7 @@ static int check_slots(const int64_t *slots, const int64_t *slot_rows, const int
     }
     int bad = 0;
     for (int64_t r = 0; r < num_rows; r++)
-        for (int64_t l = 0; l < end[r]; l++)
-            bad |= (uint64_t)slots[r * width + l] >= (uint64_t)num_slots;
+        bad |= any_slot_outside(slots + r * width, end[r], num_slots);
     free(end);
     return bad ? STATUS_SLOT_OUTSIDE_CACHE : 0;
 }
