@@ -13,7 +13,8 @@ anyway. `lookahead_batch` builds it only then:
 
 - every request of step N picks a token, and they are all the running requests
   (none waits, none was left out for the budget, no copies to or from the CPU pool);
-- none asks for penalties (they count step N's token, not read yet);
+- none asks for penalties (they count step N's token, not read yet) or carries a
+  grammar (its mask follows step N's token);
 - requests that reach max_new_tokens at step N are left out (they finish for sure);
 - each gets room for one more token without preempting anyone.
 
@@ -47,7 +48,7 @@ def lookahead_batch(scheduler: Scheduler, batch: ScheduledBatch,
             {id(r) for r in requests} != {id(r) for r in scheduler.running}:
         return None
     live = [r for r in requests if not r.is_finished]
-    if any(r.sampling.needs_token_counts for r in live):
+    if any(r.sampling.needs_token_counts or r.grammar is not None for r in live):
         return None
     # after step N a request holds len(generated) + 1 tokens; at the limit it is done
     going_on = [r for r in live if len(r.generated_tokens) + 1 < r.max_new_tokens]

@@ -26,7 +26,6 @@ from .async_steps import AsyncSteps
 from .engine_setup import build_engine_parts
 from .errors import InvalidRequestError
 from .output_router import OutputRouter
-from .outputs import RequestStatus
 from .pause_gate import PauseGate
 from .requests import RequestState
 from .runner import LaunchedStep
@@ -281,7 +280,7 @@ class EngineLoop:
             if result.top_logprobs[i] is not None:
                 request.top_logprobs.append(result.top_logprobs[i])
             news.append(request)
-            if request.status is RequestStatus.FINISHED and id(request) not in keep_blocks:
+            if request.is_finished and id(request) not in keep_blocks:
                 self._let_go(request)
         return news
 
@@ -291,7 +290,7 @@ class EngineLoop:
 
     def deliver(self, requests: list[RequestState]) -> None:
         self.router.deliver_all([request.to_output() for request in requests
-                                 if request.streaming or request.status is RequestStatus.FINISHED])
+                                 if request.streaming or request.is_finished])
 
     def _fail_all(self, message: str) -> None:
         with self.step_lock:

@@ -23,6 +23,7 @@ from .cpu_threads import release_openmp_pool
 from .engine_loop import EngineLoop
 from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from .generation_config import GenerationConfig, SamplingParams, resolve_eos
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
 from .outputs import GenerationOutput
 from .output_router import OutputRouter
 from .requests import RequestState
@@ -60,21 +61,29 @@ class ContinuousBatchingManager:
         self._ids = itertools.count()
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = getattr(model.config, "max_position_embeddings", None)
+        self.grammars: GrammarCompiler = model.grammars
+        """Compiles `grammar=` specs against the model's tokenizer (grammar.py)."""
 
     # -- submitting ------------------------------------------------------------------
     def add_request(self, input_ids: list[int], request_id: str | None = None,
                     max_new_tokens: int | None = None, streaming: bool = False,
                     record_timestamps: bool = False, eos_token_id: int | list[int] | None = None,
+                    grammar: GrammarSpec | CompiledGrammar | None = None,
                     **logit_processor_kwargs: Any) -> str | None:
         """Any thread. Queue one request (before `start` too); returns its id, or None
         (with a warning) once the manager is stopped. Raises InvalidRequestError,
         RequestTooLongError or QueueFullError (at once: a server answers 429) for
         requests that cannot be served. On a follower rank of a tensor-parallel run it
-        queues nothing (the driver rank owns requests) and returns None."""
+        queues nothing (the driver rank owns requests) and returns None.
+
+        `grammar`: constrained decoding; the output matches it (a GrammarSpec, or
+        one compiled already by `compile_grammar` to share it across requests)."""
         if not self.loop.is_driver:
             return None
         request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
+        if grammar is not None:
+            request.grammar = self._compiled(grammar).new_matcher(request.eos_token_ids)
         with self.loop.submit_lock:
             if not self._accepting or self.loop.error is not None:
                 logger.warning("manager is not running: request %s refused", request.request_id)
@@ -85,6 +94,19 @@ class ContinuousBatchingManager:
             self.loop.submit(request)
         return request.request_id
 
+    def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Any thread. Validate and compile a grammar once (InvalidRequestError naming
+        what is wrong); the result may be passed to many `add_request` calls."""
+        return self.grammars.compile(spec)
+
+    def _compiled(self, grammar: GrammarSpec | CompiledGrammar) -> CompiledGrammar:
+        if isinstance(grammar, CompiledGrammar):
+            return grammar
+        if isinstance(grammar, GrammarSpec):
+            return self.grammars.compile(grammar)
+        raise InvalidRequestError(f"grammar must be a GrammarSpec or CompiledGrammar, "
+                                  f"got {type(grammar).__name__}")
+
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None,
                      streaming: bool = False, record_timestamps: bool = False,
                      **logit_processor_kwargs: Any) -> list[str]:
@@ -94,6 +116,8 @@ class ContinuousBatchingManager:
         the queue has not moved for QUEUE_WAIT_S), so a batch larger than the queue
         goes through."""
         ids = [f"req_{next(self._ids)}" for _ in inputs]
+        if logit_processor_kwargs.get("grammar") is not None:   # compiled once for all
+            logit_processor_kwargs["grammar"] = self._compiled(logit_processor_kwargs["grammar"])
         order = range(len(inputs))
         if self.config.allow_block_sharing:
             order = sorted(order, key=lambda i: list(inputs[i]))

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from .config import ContinuousBatchingConfig
-from .generation_config import GenerationConfig, unsupported_settings
+from .generation_config import GenerationConfig, resolve_eos, unsupported_settings
+from .grammar import GrammarCompiler
 from .loading import without_gc
 from .outputs import GenerationOutput
 
@@ -33,6 +34,10 @@ class EngineModel:
             eos = tokenizer.eos_token_id
         self.generation_config = generation_config or GenerationConfig(eos_token_id=eos)
         self._cached_manager = None
+        self.grammars = GrammarCompiler(tokenizer, int(config.vocab_size),
+                                        resolve_eos(self.generation_config.eos_token_id, None))
+        """Compiles `grammar=` specs against this model's tokenizer (grammar.py); one
+        per model, so the tokenizer's index is built once however many managers run."""
         self.tp_group = getattr(module, "tp_group", None)
         """TensorParallelGroup when the weights are sharded over torchrun ranks."""
 

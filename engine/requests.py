@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .generation_config import SamplingParams
+from .grammar import GrammarMatcher
 from .outputs import GenerationOutput, RequestStatus
 
 
@@ -56,6 +57,9 @@ class RequestState:
     first_scheduled_time: float | None = None
     sampler_state: Any = None
     """Owned by the sampler (the request's random generator)."""
+    grammar: GrammarMatcher | None = None
+    """Constrained decoding: what the output must match (grammar.py); its matcher
+    advances with every generated token."""
 
     @property
     def is_finished(self) -> bool:
@@ -90,10 +94,24 @@ class RequestState:
             self.timestamps.append(time.perf_counter())
         if token_id in self.eos_token_ids:
             self.status, self.finish_reason = RequestStatus.FINISHED, "stop"
+        elif self.grammar is not None and not self._advance_grammar(token_id):
+            return
         elif len(self.generated_tokens) >= self.max_new_tokens:
             self.status, self.finish_reason = RequestStatus.FINISHED, "length"
         else:
             self.status = RequestStatus.DECODING
+
+    def _advance_grammar(self, token_id: int) -> bool:
+        """Feed the grammar; False when that ended the request (complete: "stop",
+        or a token the grammar refused: failed)."""
+        self.grammar.accept(token_id)
+        if self.grammar.error is not None:
+            self.fail(f"the output left its grammar: {self.grammar.error}")
+            return False
+        if self.grammar.is_complete:
+            self.status, self.finish_reason = RequestStatus.FINISHED, "stop"
+            return False
+        return True
 
     def fail(self, message: str) -> None:
         self.status, self.error = RequestStatus.FAILED, message

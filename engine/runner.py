@@ -12,6 +12,7 @@ from .batch import StepInputs, build_step_inputs
 from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
+from .grammar_masks import NO_MASKS, GrammarMasks
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
@@ -68,6 +69,7 @@ class ModelRunner:
                 head_dim=model.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
                 pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
+        self.grammar_masks = GrammarMasks(self.device)
         self.max_threads = DEFAULT_THREADS
         self.small_step_tokens = SMALL_STEP_TOKENS
         kernel_rows = [m.max_rows for m in model.layers.modules() if isinstance(m, BlockLinear)]
@@ -119,14 +121,16 @@ class ModelRunner:
                         list(batch.prefix_copies))
         if self.step_sync is not None:
             self.step_sync.send_plan(plan)
+        requests = [] if inputs is None else \
+            [batch.entries[i].request for i in inputs.sampling_entries]
+        # grammar masks are computed while the forward pass runs (grammar_masks.py)
+        masks = self.grammar_masks.start(requests) if requests else NO_MASKS
         hidden = self._run_plan(plan)
-        if hidden is None:
-            return LaunchedStep([], None)
-        requests = [batch.entries[i].request for i in plan.inputs.sampling_entries]
-        if not requests:
+        if hidden is None or not requests:
+            masks.wait()
             return LaunchedStep([], None)
         logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S, vocab] fp32
-        return LaunchedStep(requests, self.sampler.launch(logits, requests))
+        return LaunchedStep(requests, self.sampler.launch(logits, requests, masks))
 
     @torch.inference_mode()
     def lookahead_inputs(self, batch: ScheduledBatch, previous: "LaunchedStep") -> StepInputs:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .grammar_masks import NO_MASKS, PendingMasks, apply_masks
 from .requests import RequestState
 
 
@@ -41,18 +42,24 @@ class Sampler:
             generator.manual_seed(request.sampling.seed)
             request.sampler_state = generator
 
-    def sample(self, logits: torch.Tensor, requests: list[RequestState]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, requests: list[RequestState],
+               masks: PendingMasks = NO_MASKS) -> SampleResult:
         """logits: [S, vocab] fp32, one row per request in `requests`."""
-        return self.launch(logits, requests).result()
+        return self.launch(logits, requests, masks).result()
 
-    def launch(self, logits: torch.Tensor, requests: list[RequestState]) -> "PendingSample":
+    def launch(self, logits: torch.Tensor, requests: list[RequestState],
+               masks: PendingMasks = NO_MASKS) -> "PendingSample":
         """The picks as device tensors, without waiting for them (greedy rows never
         wait; sampling rows wait only on their parameters' small copies). Async
-        batching feeds `token_ids` to the next step before reading them back."""
+        batching feeds `token_ids` to the next step before reading them back.
+        `masks`: the grammar masks of the constrained rows (grammar_masks.py);
+        logprobs stay the raw model's."""
         params = [r.sampling for r in requests]
         want_logprobs = [r.want_logprobs or r.sampling.top_logprobs > 0 for r in requests]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         logits = self._apply_penalties_and_bias(logits, requests)
+        if masks.rows:
+            logits = apply_masks(logits, masks.rows, masks.wait())
 
         token_ids = greedy_picks(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]

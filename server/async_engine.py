@@ -189,6 +189,11 @@ class AsyncEngine:
     def stats(self) -> dict[str, int]:
         return dict(self.manager.stats())
 
+    def compile_grammar(self, spec):
+        """Any thread (the routes call it off the event loop): a CompiledGrammar,
+        or InvalidRequestError naming what is wrong with `spec`."""
+        return self.manager.compile_grammar(spec)
+
     def submit(self, request_id: str, prompt_ids: list[int], *, max_new_tokens: int,
                streaming: bool, eos_token_id: list[int],
                sampling: dict[str, Any]) -> RequestStream:

@@ -7,6 +7,7 @@ OpenAI parameters map to `ContinuousBatchingManager.add_request` arguments:
     top_p, top_k (-1/0 = off), min_p    -> top_p, top_k, min_p
     seed                                -> seed (+ the choice index when n > 1)
     presence/frequency/repetition_penalty, logit_bias -> the same names
+    response_format                     -> grammar (compiled by structured_output.py)
     logprobs, top_logprobs              -> logprobs, top_logprobs
     ignore_eos, stop_token_ids          -> eos_token_id (model EOS unless ignored, + stop ids)
     stop                                -> handled by the server (see stop_strings.py)
@@ -75,7 +76,8 @@ class GenerationPlan:
 
 
 def build_plan(request: GenerationFields, state: ServingState, *, max_tokens: int | None,
-               logprobs: bool, top_logprobs: int) -> GenerationPlan:
+               logprobs: bool, top_logprobs: int, grammar: Any = None) -> GenerationPlan:
+    """`grammar`: the CompiledGrammar of the request's response_format, if any."""
     temperature = 1.0 if request.temperature is None else request.temperature
     sampling: dict[str, Any] = {
         "do_sample": temperature > 0.0,
@@ -89,6 +91,8 @@ def build_plan(request: GenerationFields, state: ServingState, *, max_tokens: in
         "repetition_penalty": request.repetition_penalty or 1.0,
         "logit_bias": _logit_bias(request.logit_bias, state.vocab_size),
     }
+    if grammar is not None:
+        sampling["grammar"] = grammar
     if logprobs:
         sampling["logprobs"] = True
         sampling["top_logprobs"] = top_logprobs

@@ -28,6 +28,7 @@ from .protocol.chat import ChatCompletionRequest
 from .sampling import GenerationPlan, build_plan
 from .sse import DONE, TextEvents, event, sse_response
 from .state import ServingState
+from .structured_output import compile_response_format
 
 
 async def create_chat_completion(request: Request, state: ServingState) -> Response:
@@ -38,8 +39,10 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     header["model"] = state.check_model(body.model)
     # rendering and tokenizing a large body takes a while: off the event loop
     prompt_ids = await asyncio.to_thread(render_chat, state.tokenizer, body.messages)
+    grammar = await compile_response_format(state, body.response_format)
     plan = build_plan(body, state, max_tokens=body.requested_max_tokens,
-                      logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+                      logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
+                      grammar=grammar)
     run.record.stream, run.record.prompt_tokens = plan.stream, len(prompt_ids)
     if state.settings.log_prompts:
         run.record.prompt_text = state.tokenizer.decode(prompt_ids)

@@ -27,6 +27,7 @@ from .protocol.completions import CompletionRequest
 from .sampling import GenerationPlan, build_plan
 from .sse import DONE, TextEvents, event, sse_response
 from .state import ServingState
+from .structured_output import compile_response_format
 
 # OpenAI's default completion length for this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -42,8 +43,10 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     prompts = await asyncio.to_thread(completion_prompt_ids, state.tokenizer, body.prompts,
                                       state.vocab_size)
     want_logprobs = body.logprobs is not None
+    grammar = await compile_response_format(state, body.response_format)
     plan = build_plan(body, state, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
-                      logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
+                      logprobs=want_logprobs, top_logprobs=body.logprobs or 0,
+                      grammar=grammar)
     echoes = [_echo_text(state, raw, ids) if body.echo else ""
               for raw, ids in zip(body.prompts, prompts)]
     prompt_tokens = sum(len(p) for p in prompts)

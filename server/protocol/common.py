@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from .base import OpenAIModel
+from .response_format import ResponseFormat
 
 MAX_CHOICES = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 512
 """Matching costs up to O(length**2) per token in the worst case: keep it bounded."""
 MAX_TOP_LOGPROBS = 20
-
-
-class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):
@@ -51,6 +50,7 @@ class GenerationFields(OpenAIModel):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -1,0 +1,123 @@
+"""Token bitmasks of constrained rows, applied to a step's logits.
+
+Per step, every sampling row whose request carries a grammar (grammar.py) gets the
+bitmask of its allowed next tokens, computed by llguidance on the host into one
+int32 buffer [rows, ceil(vocab / 32)] (bit i of word i // 32 is token i), in
+parallel across rows. The bits are expanded to a bool mask on the logits' device
+through a 256-entry byte table (one gather, no per-bit shifts) and disallowed
+logits become -inf, before penalties, temperature and the picks.
+
+Who calls what: the runner starts the masks of a step (`GrammarMasks.start`) before
+the forward pass and the sampler waits for them (`PendingMasks.wait`) once the
+logits exist; on a CPU the masks are computed on a helper thread meanwhile
+(llguidance drops the interpreter lock while it works), on CUDA the forward pass is
+queued and the host is free anyway.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from .grammar import GrammarMatcher
+
+_BYTE_BITS = torch.tensor([[(byte >> bit) & 1 for bit in range(8)] for byte in range(256)],
+                          dtype=torch.bool)
+"""[256, 8]: the bits of each byte value, lowest first (little-endian words)."""
+
+
+@dataclass(frozen=True)
+class PendingMasks:
+    rows: list[int]
+    """Sampling rows (indices into the step's picks) the masks belong to."""
+    future: Future | None
+    bitmask: torch.Tensor | None
+    """[len(rows), words] int32 on the host, filled by `future`."""
+
+    def wait(self) -> torch.Tensor:
+        if self.future is not None:
+            self.future.result()
+        return self.bitmask
+
+
+NO_MASKS = PendingMasks([], None, None)
+
+
+class GrammarMasks:
+    """The engine's mask computation: an llguidance executor and, on CPU, one helper
+    thread that runs it beside the forward pass. Engine thread only."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._executor = None
+        self._helper: ThreadPoolExecutor | None = None
+
+    def start(self, requests: list) -> PendingMasks:
+        """Begin the masks of `requests` (a step's sampling rows, in order)."""
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if not rows:
+            return NO_MASKS
+        constrained = [requests[i] for i in rows]
+        bitmask = torch.empty((len(rows), constrained[0].grammar.mask_words), dtype=torch.int32,
+                              pin_memory=self.device.type == "cuda")
+        if self._executor is None:
+            from llguidance import LLExecutor
+            self._executor = LLExecutor()
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="kvserve-masks")
+        future = self._helper.submit(self._fill, constrained, bitmask)
+        return PendingMasks(rows, future, bitmask)
+
+    @torch.inference_mode()     # the bitmask was made under the runner's inference mode
+    def _fill(self, requests: list, bitmask: torch.Tensor) -> None:
+        """Helper thread, while the engine thread runs the forward pass: the engine
+        thread touches neither these requests' matchers nor `bitmask` until `wait`."""
+        free, free_rows = [], set()
+        for row, request in enumerate(requests):
+            remaining = request.max_new_tokens - len(request.generated_tokens)
+            forced = request.grammar.forced_token(remaining)
+            if forced is None:
+                free.append((request.grammar.llguidance_matcher, row))
+                free_rows.add(row)
+            else:                          # closing: exactly one token allowed
+                bitmask[row] = 0
+                bitmask[row].view(torch.uint8)[forced // 8] = 1 << (forced % 8)
+        if free:
+            self._executor.unsafe_compute_mask_ptr(free, bitmask.data_ptr(),
+                                                   bitmask.shape[1] * 4, len(requests))
+        for row, request in enumerate(requests):
+            if request.grammar.eos_fix is not None and row in free_rows:
+                _fix_eos(bitmask[row], request.grammar)
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+
+
+def _fix_eos(words: torch.Tensor, matcher: GrammarMatcher) -> None:
+    """Swap llguidance's EOS ids for the request's own: the request ends on its ids
+    (none under ignore_eos), allowed only where the grammar is complete. Works on
+    the row's bytes (little-endian words: token i is bit i % 8 of byte i // 8)."""
+    grammar_eos, own = matcher.eos_fix
+    as_bytes = words.view(torch.uint8)
+    for token_id in grammar_eos:
+        as_bytes[token_id // 8] &= 0xFF ^ (1 << (token_id % 8))
+    if matcher.eos_allowed():
+        for token_id in own:
+            as_bytes[token_id // 8] |= 1 << (token_id % 8)
+
+
+def apply_masks(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [S, vocab] with the disallowed tokens of `rows` at -inf (a new tensor
+    unless the caller already owns `logits`). bitmask: [len(rows), words] int32."""
+    vocab = logits.shape[1]
+    device = logits.device
+    as_bytes = bitmask.to(device, non_blocking=True).view(torch.uint8)   # [R, words * 4]
+    allowed = _BYTE_BITS.to(device)[as_bytes.long()].view(len(rows), -1)  # [R, words * 32]
+    if allowed.shape[1] < vocab:         # logits wider than the tokenizer: never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    index = torch.tensor(rows, device=device) if device.type == "cpu" else \
+        torch.tensor(rows).to(device, non_blocking=True)
+    masked = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))
+    return logits.index_copy(0, index, masked)
