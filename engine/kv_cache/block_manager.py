@@ -44,6 +44,13 @@ class BlockManager:
         """(source block, target block, slots) of this step's partial-page prefixes."""
         self.pinned_blocks: list[int] = []
         """Source blocks of `prefix_copies`, held until the next step begins."""
+        self.written_this_step: dict[int, int] = {}
+        """Blocks offered to the prefix cache while this step is built whose K/V this
+        step's forward pass writes, each with the first slot it writes: the slots
+        before it hold their K/V already (earlier steps, or this step's copies), the
+        rest only once the forward pass has run. A request admitted in the same step
+        may read such a block in the forward pass (register_full_blocks), but a copy,
+        which runs before it, must not (`ready_slots`)."""
         self.retained_pages = RetainedPages()
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
@@ -131,7 +138,7 @@ class BlockManager:
                            use_retained: bool, cached: list[int]) -> PartialPrefix | None:
         """The longest start of the request's next page that a running request, or
         (with `use_retained`) an ended one's retained page, already holds."""
-        partial = find_partial_prefix(request, running, self.page_size)
+        partial = find_partial_prefix(request, running, self.page_size, self.ready_slots)
         retained = None if not use_retained else self.retained_pages.find(
             request, request.block_hashes[len(cached) - 1] if cached else None,
             self.allocator, self.page_size)
@@ -151,8 +158,8 @@ class BlockManager:
                 or request.num_tokens != (page + 1) * self.page_size):
             return None
         found = self.allocator.lookup(request.block_hashes[page:page + 1])
-        if not found:
-            return None
+        if not found or self.ready_slots(found[0]) < self.page_size - 1:
+            return None                  # (cached this step: written by its forward pass)
         self.allocator.share(found)
         self.pinned_blocks.append(found[0])
         return PartialPrefix(found[0], self.page_size - 1, retained=True)
@@ -171,6 +178,12 @@ class BlockManager:
                 self.allocator.share([source])
                 self.pinned_blocks.append(source)
         self.prefix_copies.append((source, target, partial.num_tokens))
+
+    def ready_slots(self, block: int) -> int:
+        """How many leading slots of `block` hold their K/V before this step's forward
+        pass, so that a copy may read them: all of them, but for a block cached
+        this step (`written_this_step`)."""
+        return self.written_this_step.get(block, self.page_size)
 
     def give_back(self, partial: PartialPrefix | None) -> None:
         """The request was not admitted: a retained page taken for it is free again."""
@@ -201,14 +214,22 @@ class BlockManager:
         """Offer the blocks that `end` tokens fill to the prefix cache. Done at
         scheduling time: within a forward pass every layer writes the step's K/V
         before attending, so a request admitted later in the same step may already
-        read them."""
+        read them in that forward pass. Not in a copy before it, though: the slots
+        from `request.num_computed_tokens` on (the step's first position) are noted
+        in `written_this_step`. (Registered after the step was launched, as
+        async_steps.py does, num_computed_tokens is already `end`: nothing noted.)"""
         num_full = end // self.page_size
         if not self.allocator.enable_caching or num_full <= request.num_registered_blocks:
             return
         extend_block_hashes(request.block_hashes,
                             request.tokens_between(0, num_full * self.page_size), self.page_size)
         for index in range(request.num_registered_blocks, num_full):
-            self.allocator.register(request.block_ids[index], request.block_hashes[index])
+            block = request.block_ids[index]
+            self.allocator.register(block, request.block_hashes[index])
+            first_written = max(0, request.num_computed_tokens - index * self.page_size)
+            if first_written < self.page_size:
+                self.written_this_step[block] = min(
+                    first_written, self.written_this_step.get(block, self.page_size))
         request.num_registered_blocks = num_full
 
     # -- CPU offload -----------------------------------------------------------------
@@ -247,6 +268,7 @@ class BlockManager:
             self.allocator.free(self.pinned_blocks)
             self.pinned_blocks = []
         self.swap_out, self.swap_in, self.prefix_copies = [], [], []
+        self.written_this_step = {}
 
     def pool_holders(self, requests) -> list[list[int]]:
         return [r.offloaded_slots for r in requests] + [self._pool_slots_to_free]

@@ -15,12 +15,16 @@ shared prefix is PartialPrefix(source_block=7, num_tokens=31): slots 7*256 + 0..
 copied to 3*256 + 0..30 and B computes positions 31..99 only.
 
 A source's `num_computed_tokens` counts its slots once they are scheduled: computed
-by earlier steps, or copied in this step's copies when the source was itself admitted
-in this step. The copies of one step are read before any is written, so a copy from
-such a source reads the block its own copy comes from instead (BlockManager.
-copy_partial_prefix). The source block is pinned by the block manager until the next
-step has copied it, so neither a preemption nor a finished source can hand the block
-to someone else first.
+by earlier steps, copied in this step's copies when the source was itself admitted
+in this step, or full pages it found cached that another request registered while
+this step was built. The copies of one step are read before any is written, so a
+copy from a source admitted this step reads the block its own copy comes from
+instead (BlockManager.copy_partial_prefix). The copies also run before the forward
+pass, so slots that this step's forward pass writes (of a page cached this step:
+BlockManager.written_this_step) are never copied; the new request computes them.
+The source block is pinned by the block manager until the next step has copied it,
+so neither a preemption nor a finished source can hand the block to someone else
+first.
 
 The source may also be a request that has ended (`RetainedPages`): its partial page
 goes back to the free list with its contents, and stays a source for as long as
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..requests import RequestState
 
@@ -111,11 +115,16 @@ def _common_length(tokens: list[int], other: list[int], limit: int) -> int:
 
 
 def find_partial_prefix(request: RequestState, sources: Iterable[RequestState],
-                        page_size: int) -> PartialPrefix | None:
+                        page_size: int,
+                        ready_slots: Callable[[int], int] | None = None
+                        ) -> PartialPrefix | None:
     """The longest run of already computed tokens that a request in `sources` shares
     with `request` in the page where `request`'s computed tokens end (a page boundary,
     right after its cached full blocks). At least one token is always left to compute,
-    whose logits give the next token. None when no source shares a token."""
+    whose logits give the next token. None when no source shares a token.
+    `ready_slots(block)`: how many leading slots of a source's block hold their K/V
+    before this step's forward pass (BlockManager.ready_slots); a source's computed
+    tokens may be a cached page that this step's forward pass is still to write."""
     start = request.num_computed_tokens
     page = start // page_size
     if start % page_size:
@@ -128,6 +137,8 @@ def find_partial_prefix(request: RequestState, sources: Iterable[RequestState],
     best: PartialPrefix | None = None
     for source in sources:
         computed = min(source.num_computed_tokens - start, limit)
+        if computed > 0 and ready_slots is not None:
+            computed = min(computed, ready_slots(source.block_ids[page]))
         if (source is request or computed <= (best.num_tokens if best else 0)
                 or source.tokens_between(start, start + 1)[0] != tokens[0]):
             continue
