@@ -10,7 +10,9 @@ until `--num-requests` have finished, then reports output tokens/s, requests/s, 
 p50/p90/p99 of time to first token (TTFT), inter-token latency (ITL) and end-to-end
 latency, plus errors. Requests ask for exactly `--output-len` tokens (`ignore_eos`, a
 vLLM extension this server honours; servers that ignore it may stop earlier, and
-their output tokens are counted as received).
+their output tokens are counted as received). `--response-format json_object` (or a
+JSON schema file) constrains every request; such answers end when their JSON value
+closes, so compare token rates (ITL) rather than request counts.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
             body = {"model": args.model, "stream": True, "max_tokens": args.output_len,
                     "temperature": 0, "ignore_eos": True,
                     "stream_options": {"include_usage": True}}
+            if args.response_format is not None:
+                body["response_format"] = args.response_format
             if chat:
                 body["messages"] = [{"role": "user", "content": prompt}]
             else:
@@ -150,9 +154,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="chat: the prompt inside the model's chat template; "
                              "completions: the raw prompt (TTFT without the template's tokens)")
     parser.add_argument("--label", default="server", help="name of the system in the report")
+    parser.add_argument("--response-format", default=None, type=response_format,
+                        help="json_object, or a JSON schema file: constrain every request")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     return parser.parse_args(argv)
+
+
+def response_format(value: str) -> dict:
+    if value == "json_object":
+        return {"type": "json_object"}
+    with open(value) as schema_file:
+        return {"type": "json_schema", "json_schema": {"name": "bench", "schema": json.load(schema_file)}}
 
 
 def main(argv=None) -> dict:
@@ -170,7 +183,8 @@ def main(argv=None) -> dict:
               f"errors {level['errors']}")
     report = {"label": args.label, "base_url": args.base_url,
               "workload": {"endpoint": args.endpoint, "input_len": args.input_len,
-                           "output_len": args.output_len, "model": args.model},
+                           "output_len": args.output_len, "model": args.model,
+                           "response_format": args.response_format},
               "levels": levels}
     write_json(args.json, report)
     if args.plot:
