@@ -23,9 +23,10 @@ import torch
 
 from .grammar import GrammarMatcher
 
-_BYTE_BITS = torch.tensor([[(byte >> bit) & 1 for bit in range(8)] for byte in range(256)],
-                          dtype=torch.bool)
-"""[256, 8]: the bits of each byte value, lowest first (little-endian words)."""
+_BYTE_BLOCKED = torch.tensor([[not (byte >> bit) & 1 for bit in range(8)] for byte in range(256)],
+                             dtype=torch.bool)
+"""[256, 8]: for each byte value, which of its bits are clear (lowest first; the
+words are little-endian), i.e. which of its 8 tokens are not allowed."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,13 @@ def apply_masks(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) ->
     unless the caller already owns `logits`). bitmask: [len(rows), words] int32."""
     vocab = logits.shape[1]
     device = logits.device
-    as_bytes = bitmask.to(device, non_blocking=True).view(torch.uint8)   # [R, words * 4]
-    allowed = _BYTE_BITS.to(device)[as_bytes.long()].view(len(rows), -1)  # [R, words * 32]
-    if allowed.shape[1] < vocab:         # logits wider than the tokenizer: never allowed
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    index = torch.tensor(rows, device=device) if device.type == "cpu" else \
+    as_bytes = bitmask.to(device, non_blocking=True).view(torch.uint8)    # [R, words * 4]
+    blocked = _BYTE_BLOCKED.to(device)[as_bytes.int()].view(len(rows), -1)  # [R, words * 32]
+    if blocked.shape[1] < vocab:         # logits wider than the tokenizer: never allowed
+        blocked = torch.nn.functional.pad(blocked, (0, vocab - blocked.shape[1]), value=True)
+    blocked = blocked[:, :vocab]
+    if len(rows) == logits.shape[0]:     # every row constrained: no gather and scatter
+        return logits.masked_fill(blocked, float("-inf"))
+    index = torch.tensor(rows) if device.type == "cpu" else \
         torch.tensor(rows).to(device, non_blocking=True)
-    masked = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))
-    return logits.index_copy(0, index, masked)
+    return logits.index_copy(0, index, logits[index].masked_fill(blocked, float("-inf")))
