@@ -25,6 +25,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from .errors import OpenAIError, bad_request, format_loc
+from .lenient_fields import drop_unknown_fields
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -111,7 +112,14 @@ def validation_error_to_openai(exc: ValidationError) -> OpenAIError:
                        param=param, code="invalid_value")
 
 
-async def parse_request(request: Request, model_cls: type[ModelT], max_bytes: int) -> ModelT:
-    """Body -> JSON object -> `model_cls`, each step with its own error."""
+async def parse_request(request: Request, model_cls: type[ModelT], max_bytes: int, *,
+                        ignore_unknown: bool = False,
+                        message_cls: type[BaseModel] | None = None) -> ModelT:
+    """Body -> JSON object -> `model_cls`, each step with its own error. With
+    `ignore_unknown` (the generation endpoints), fields neither `model_cls` nor, per
+    message, `message_cls` knows are dropped first (lenient_fields.py)."""
     raw = await read_body(request, max_bytes)
-    return validate_model(model_cls, parse_json_object(raw))
+    data = parse_json_object(raw)
+    if ignore_unknown:
+        data = drop_unknown_fields(model_cls, data, message_cls)
+    return validate_model(model_cls, data)

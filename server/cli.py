@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="add prompt and output text to the request log lines (default false)")
     add("--cors-allow-origins", nargs="+", metavar="ORIGIN",
         help="browser origins allowed to call the API ('*' for any)")
+    add("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's")
+    add("--tool-parser", help="auto (from the chat template), generic, hermes, llama3_json "
+                              "or mistral")
     engine = parser.add_argument_group("engine", "continuous batching (default: engine's choice)")
     engine.add_argument("--page-size", type=int, help="tokens per KV page")
     engine.add_argument("--max-batch-tokens", type=int, help="token budget of one forward pass")

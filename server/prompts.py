@@ -9,27 +9,30 @@ prompts are tokenized with the tokenizer's usual special tokens. Template errors
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from .chat_format import ChatFormat
 from .errors import bad_request
 from .protocol.chat import ChatMessage
 from .protocol.completions import Prompt
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage],
-                add_generation_prompt: bool = True) -> list[int]:
-    """Messages -> prompt token ids, via the tokenizer's chat template."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise bad_request("This model has no chat template; use /v1/completions.",
-                          param="messages")
-    dicts = [m.to_template_dict() for m in messages]
-    try:
-        text = tokenizer.apply_chat_template(
-            dicts, tokenize=False, add_generation_prompt=add_generation_prompt)
-    except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates
-        raise bad_request(f"The chat template rejected the messages: {exc}",
-                          param="messages") from None
-    return encode_text(tokenizer, text, add_special_tokens=False)
+@dataclass(frozen=True)
+class RenderedChat:
+    text: str
+    ids: list[int]
+
+
+def render_chat(tokenizer: Any, chat_format: ChatFormat, messages: list[ChatMessage],
+                add_generation_prompt: bool = True, tools: list | None = None,
+                template_kwargs: dict | None = None) -> RenderedChat:
+    """Messages (+ tools, `chat_template_kwargs`) -> prompt text and token ids,
+    through the chat template (chat_format.py)."""
+    text = chat_format.render(tokenizer, [m.to_template_dict() for m in messages], tools=tools,
+                              template_kwargs=template_kwargs,
+                              add_generation_prompt=add_generation_prompt)
+    return RenderedChat(text, encode_text(tokenizer, text, add_special_tokens=False))
 
 
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -40,7 +40,7 @@ async def completions(request: Request) -> Response:
 def _model_card(state: ServingState) -> dict:
     return {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "kvserve", "root": state.settings.model,
-            "max_model_len": state.max_model_len}
+            "max_model_len": state.max_model_len, **state.chat_format.capabilities}
 
 
 @api.get("/v1/models")
@@ -62,7 +62,8 @@ async def tokenize(request: Request) -> JSONResponse:
     state.check_model(body.model)
     if body.messages is not None:
         add_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
-        tokens = render_chat(state.tokenizer, body.messages, add_generation_prompt=add_prompt)
+        tokens = render_chat(state.tokenizer, state.chat_format, body.messages,
+                             add_generation_prompt=add_prompt).ids
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         tokens = encode_text(state.tokenizer, body.prompt, add_special_tokens=add_special)

@@ -14,32 +14,41 @@ import asyncio
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from .body import parse_request
+from .chat_answer import AnswerShape
 from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
                          new_id, run_until_disconnect, start_run, submit_choices, usage)
 from .logprobs import chat_logprobs
 from .prompts import render_chat
-from .protocol.chat import ChatCompletionRequest
+from .protocol.chat import ChatCompletionRequest, ChatMessage
 from .sampling import GenerationPlan, build_plan
 from .sse import DONE, TextEvents, event, sse_response
 from .state import ServingState
-from .structured_output import compile_response_format
+from .structured_output import compile_spec
 
 
 async def create_chat_completion(request: Request, state: ServingState) -> Response:
     run = start_run(request, state)
     header = {"id": new_id("chatcmpl"), "created": int(time.time())}
     run.record.request_id = header["id"]
-    body = await parse_request(request, ChatCompletionRequest, state.settings.max_request_bytes)
+    body = await parse_request(request, ChatCompletionRequest, state.settings.max_request_bytes,
+                               ignore_unknown=True, message_cls=ChatMessage)
     header["model"] = state.check_model(body.model)
     # rendering and tokenizing a large body takes a while: off the event loop
-    prompt_ids = await asyncio.to_thread(render_chat, state.tokenizer, body.messages)
-    grammar = await compile_response_format(state, body.response_format)
+    rendered = await asyncio.to_thread(render_chat, state.tokenizer, state.chat_format,
+                                       body.messages, True,
+                                       body.tools if body.calls_tools else None,
+                                       body.chat_template_kwargs)
+    prompt_ids = rendered.ids
+    shape = AnswerShape.of(body, state, rendered.text)
+    grammar = await compile_spec(state, shape.grammar_spec(body),
+                                 "tools" if shape.tools is not None else "response_format")
     plan = build_plan(body, state, max_tokens=body.requested_max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
                       grammar=grammar)
@@ -47,73 +56,91 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     if state.settings.log_prompts:
         run.record.prompt_text = state.tokenizer.decode(prompt_ids)
     choices = submit_choices(state, header["id"], [prompt_ids], plan)
+    job = _ChatJob(state, run, choices, plan, header, len(prompt_ids), shape)
     if plan.stream:
-        return sse_response(_stream(state, run, choices, plan, header, len(prompt_ids)),
-                            on_close=lambda: cancel_all(choices))
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
     try:
-        result = await run_until_disconnect(
-            request, _collect(state, run, choices, plan, header, len(prompt_ids)))
+        result = await run_until_disconnect(request, job.collect())
     except ClientDisconnected:
         return Response(status_code=499)
     return JSONResponse(result)
 
 
-async def _collect(state: ServingState, run: GenerationRun, choices: list[Choice],
-                   plan: GenerationPlan, header: dict[str, Any],
-                   prompt_tokens: int) -> dict[str, Any]:
-    texts: dict[int, list[str]] = {c.index: [] for c in choices}
-    content: dict[int, list[dict]] = {c.index: [] for c in choices}
-    async with contextlib.aclosing(merge_deltas(choices, run)) as deltas:
-        async for index, delta in deltas:
-            texts[index].append(delta.text)
-            if plan.logprobs:
-                content[index].extend(chat_logprobs(delta, state.token_texts)["content"])
-    return {
-        **header, "object": "chat.completion", "system_fingerprint": None,
-        "choices": [{
-            "index": c.index,
-            "message": {"role": "assistant", "content": "".join(texts[c.index]),
-                        "refusal": None, "tool_calls": []},
-            "logprobs": {"content": content[c.index], "refusal": None} if plan.logprobs else None,
-            "finish_reason": c.decoder.finish_reason,
-        } for c in choices],
-        "usage": usage(prompt_tokens, sum(c.decoder.num_generated for c in choices)),
-    }
+def _finish_reason(reason: str | None, calls_tools: bool) -> str | None:
+    """OpenAI's "tool_calls" for an answer that ended by calling tools."""
+    return "tool_calls" if calls_tools and reason == "stop" else reason
 
 
-async def _stream(state: ServingState, run: GenerationRun, choices: list[Choice],
-                  plan: GenerationPlan, header: dict[str, Any],
-                  prompt_tokens: int) -> AsyncIterator[dict[str, str]]:
-    def payload(choice_list: list[dict[str, Any]]) -> dict[str, Any]:
-        chunk = {**header, "object": "chat.completion.chunk", "system_fingerprint": None,
+@dataclass
+class _ChatJob:
+    state: ServingState
+    run: GenerationRun
+    choices: list[Choice]
+    plan: GenerationPlan
+    header: dict[str, Any]
+    prompt_tokens: int
+    shape: AnswerShape
+
+    async def collect(self) -> dict[str, Any]:
+        state, plan, choices = self.state, self.plan, self.choices
+        texts: dict[int, list[str]] = {c.index: [] for c in choices}
+        content: dict[int, list[dict]] = {c.index: [] for c in choices}
+        async with contextlib.aclosing(merge_deltas(choices, self.run)) as deltas:
+            async for index, delta in deltas:
+                texts[index].append(delta.text)
+                if plan.logprobs:
+                    content[index].extend(chat_logprobs(delta, state.token_texts)["content"])
+        answers = {c.index: self.shape.message("".join(texts[c.index])) for c in choices}
+        return {
+            **self.header, "object": "chat.completion", "system_fingerprint": None,
+            "choices": [{
+                "index": c.index,
+                "message": answers[c.index][0],
+                "logprobs": {"content": content[c.index], "refusal": None} if plan.logprobs else None,
+                "finish_reason": _finish_reason(c.decoder.finish_reason, answers[c.index][1]),
+            } for c in choices],
+            "usage": usage(self.prompt_tokens, sum(c.decoder.num_generated for c in choices)),
+        }
+
+    def _payload(self, choice_list: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk = {**self.header, "object": "chat.completion.chunk", "system_fingerprint": None,
                  "choices": choice_list}
-        if plan.include_usage:
+        if self.plan.include_usage:
             chunk["usage"] = None
         return chunk
 
-    def chunk(choice_list: list[dict[str, Any]]) -> dict[str, str]:
-        return event(payload(choice_list))
+    def _chunk(self, index: int, delta: dict, logprobs=None, finish_reason=None) -> dict[str, str]:
+        return event(self._payload([{"index": index, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish_reason}]))
 
-    text_chunk = TextEvents(lambda index, text: payload([{
-        "index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]))
-
-    for c in choices:
-        yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                      "logprobs": None, "finish_reason": None}])
-    async with contextlib.aclosing(merge_deltas(choices, run)) as deltas:
-        async for index, delta in deltas:
-            if delta.finish_reason is None and not plan.logprobs:
-                if delta.text:        # the common chunk: text alone
-                    yield text_chunk(index, delta.text)
-                continue  # else tokens held back (partial character or stop prefix)
-            yield chunk([{
-                "index": index,
-                "delta": {"content": delta.text} if delta.text else {},
-                "logprobs": chat_logprobs(delta, state.token_texts) if plan.logprobs else None,
-                "finish_reason": delta.finish_reason,
-            }])
-    if plan.include_usage:
-        completion_tokens = sum(c.decoder.num_generated for c in choices)
-        yield event({**header, "object": "chat.completion.chunk", "system_fingerprint": None,
-                     "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
-    yield DONE
+    async def stream(self) -> AsyncIterator[dict[str, str]]:
+        plan, choices = self.plan, self.choices
+        text_chunk = TextEvents(lambda index, text: self._payload([{
+            "index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]))
+        answers = {c.index: self.shape.stream() for c in choices}
+        plain = self.shape.tools is None and self.shape.thinking is None
+        for c in choices:
+            yield self._chunk(c.index, {"role": "assistant", "content": ""})
+        async with contextlib.aclosing(merge_deltas(choices, self.run)) as deltas:
+            async for index, delta in deltas:
+                answer = answers[index]
+                if plain and delta.finish_reason is None and not plan.logprobs:
+                    if delta.text:        # the common chunk: text alone
+                        yield text_chunk(index, delta.text)
+                    continue  # else tokens held back (partial character or stop prefix)
+                parts = answer.feed(delta.text) if delta.text else []
+                if delta.finish_reason is not None:
+                    parts += answer.finish()
+                logprobs = chat_logprobs(delta, self.state.token_texts) if plan.logprobs else None
+                for part in parts[:-1] if delta.finish_reason is not None or logprobs else parts:
+                    yield self._chunk(index, part)
+                if delta.finish_reason is not None or logprobs:
+                    last = parts[-1] if parts else {}
+                    yield self._chunk(index, last, logprobs, _finish_reason(
+                        delta.finish_reason, answer.num_calls > 0))
+        if plan.include_usage:
+            completion_tokens = sum(c.decoder.num_generated for c in choices)
+            yield event({**self.header, "object": "chat.completion.chunk",
+                         "system_fingerprint": None, "choices": [],
+                         "usage": usage(self.prompt_tokens, completion_tokens)})
+        yield DONE

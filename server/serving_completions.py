@@ -37,7 +37,8 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     run = start_run(request, state)
     header = {"id": new_id("cmpl"), "created": int(time.time())}
     run.record.request_id = header["id"]
-    body = await parse_request(request, CompletionRequest, state.settings.max_request_bytes)
+    body = await parse_request(request, CompletionRequest, state.settings.max_request_bytes,
+                               ignore_unknown=True)
     header["model"] = state.check_model(body.model)
     # tokenizing a large body takes a while: off the event loop
     prompts = await asyncio.to_thread(completion_prompt_ids, state.tokenizer, body.prompts,

@@ -87,6 +87,11 @@ class ServerSettings(BaseModel):
     """Add prompt and output text to the per-request log line (off: never logged)."""
     cors_allow_origins: list[str] = Field(default_factory=list)
     """Browser origins allowed to call the API (e.g. a web chat UI); ["*"] for any."""
+    chat_template: str | None = None
+    """A Jinja chat template file that replaces the model's own."""
+    tool_parser: Literal["auto", "generic", "hermes", "llama3_json", "mistral"] = "auto"
+    """How tools are shown to the model and its calls read back; "auto" picks the
+    family from the chat template (server/tool_formats.py)."""
 
     page_size: int | None = None
     max_batch_tokens: int | None = None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .async_engine import AsyncEngine
+from .chat_format import ChatFormat, build_chat_format
 from .errors import model_not_found
 from .metrics import ServerMetrics
 from .settings import ServerSettings
@@ -39,6 +40,8 @@ class ServingState:
     eos_token_ids: list[int]
     """Tokens that end a completion unless the request sets ignore_eos."""
     token_texts: TokenTexts
+    chat_format: ChatFormat
+    """The chat template, the tool-call family and reasoning support (chat_format.py)."""
     metrics: ServerMetrics | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -70,4 +73,6 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
     return ServingState(settings=settings, engine=engine, tokenizer=tokenizer,
                         max_model_len=min(int(max_len), cached), vocab_size=vocab_size,
                         eos_token_ids=eos, token_texts=TokenTexts(tokenizer),
+                        chat_format=build_chat_format(tokenizer, settings.chat_template,
+                                                      settings.tool_parser),
                         metrics=ServerMetrics(engine, settings.model_name))

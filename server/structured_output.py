@@ -5,6 +5,9 @@
     json_schema  -> GrammarSpec("json_schema", schema): the schema, compact; a schema-less
                     json_schema format means any JSON value
 
+Tools (server/tool_formats.py) and thinking models (server/reasoning.py) make their
+own specs and compile them through `compile_spec` as well.
+
 Compiling runs off the event loop (a large schema can take a while, and the first
 grammar builds the tokenizer's index, ~0.3 s); a grammar the library refuses is a
 400 naming `response_format` and the library's message (the schema part, say).
@@ -32,12 +35,18 @@ def grammar_spec(response_format: ResponseFormat | None) -> GrammarSpec | None:
     return GrammarSpec("json_schema", {} if schema is None else schema)
 
 
-async def compile_response_format(state: ServingState, response_format: ResponseFormat | None
-                                  ) -> CompiledGrammar | None:
-    spec = grammar_spec(response_format)
+async def compile_spec(state: ServingState, spec: GrammarSpec | None,
+                       param: str) -> CompiledGrammar | None:
+    """`spec` compiled for the engine; a 400 naming `param` (the request field the
+    grammar came from) when the library refuses it."""
     if spec is None:
         return None
     try:
         return await asyncio.to_thread(state.engine.compile_grammar, spec)
     except InvalidRequestError as exc:
-        raise bad_request(f"response_format: {exc}", param="response_format") from None
+        raise bad_request(f"{param}: {exc}", param=param) from None
+
+
+async def compile_response_format(state: ServingState, response_format: ResponseFormat | None
+                                  ) -> CompiledGrammar | None:
+    return await compile_spec(state, grammar_spec(response_format), "response_format")

@@ -41,8 +41,15 @@ def test_nulls_mean_defaults():
     ({"stop": [""]}, "stop"),
     ({"stop": "x" * 513}, "stop"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
-    ({"tools": []}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tool_choice": "required"}, None),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, None),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools[0].function.name"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0]"),
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -58,8 +65,37 @@ def test_bad_chat_fields_name_the_param(fields, param):
 
 
 def test_unsupported_parameter_message():
-    error = error_of(chat, tools=[{"type": "function"}])
-    assert "tools" in error.message and error.code == "unsupported_parameter"
+    error = error_of(chat, functions=[{"name": "f"}])
+    assert "functions" in error.message and error.code == "unsupported_parameter"
+
+
+def test_fields_that_change_nothing_are_dropped_and_output_changers_kept():
+    from server.lenient_fields import drop_unknown_fields
+    from server.protocol.chat import ChatMessage
+
+    data = {"messages": [{"role": "developer", "content": "be brief", "id": "m1"}, *MSG],
+            "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
+            "audio": {"voice": "x"}, "modalities": ["text", "audio"]}
+    kept = drop_unknown_fields(ChatCompletionRequest, data, ChatMessage)
+    assert set(kept) == {"messages", "audio", "modalities"}
+    assert kept["messages"][0] == {"role": "developer", "content": "be brief"}
+    assert error_of(validate_model, ChatCompletionRequest, kept).param == "audio"
+    plain = drop_unknown_fields(ChatCompletionRequest, {**data, "audio": None,
+                                                        "modalities": ["text"]}, ChatMessage)
+    request = validate_model(ChatCompletionRequest, {k: v for k, v in plain.items()
+                                                     if k != "audio"})
+    assert request.messages[0].to_template_dict() == {"role": "system", "content": "be brief"}
+
+
+def test_tool_history_renders_for_templates():
+    request = chat(messages=MSG + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"}])
+    assistant, tool = (m.to_template_dict() for m in request.messages[1:])
+    assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
+    assert tool == {"role": "tool", "content": "2", "tool_call_id": "c1"}
 
 
 def test_text_parts_are_joined():
@@ -70,7 +106,7 @@ def test_text_parts_are_joined():
 
 def test_replayed_assistant_message_with_empty_sdk_fields_is_accepted():
     request = chat(messages=MSG + [{"role": "assistant", "content": None, "refusal": None,
-                                    "tool_calls": [], "function_call": None}])
+                                    "tool_calls": None, "function_call": None}])
     assert request.messages[1].to_template_dict() == {"role": "assistant", "content": ""}
 
 
