@@ -48,11 +48,12 @@ CLOSING_WINDOW = 64
 CLOSING_MARGIN = 4
 """Tokens kept to spare: one freely sampled token can open this many levels
 (`":[{"` is one token in common vocabularies)."""
-CLOSING_CHARACTERS = '"}],:01ntf' + "abcdefghijklmopqrsuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + " .-_23456789[{"
+CLOSING_CHARACTERS = '"}],:01ntf' + "abcdefghijklmopqrsuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "23456789[{<> .-_"
 """Tried in this order when no token is forced: closers first (the quote first, since
 inside a string `}` is just a character; the comma before digits, since inside a
 number another digit is always allowed), then what starts the shortest values and
-spells property names, openers last."""
+spells property names, then openers; blanks last, since optional whitespace is
+allowed almost anywhere and leads nowhere."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class GrammarSpec:
 
     kind: str
     value: Any = None
+    closing_hints: tuple[str, ...] = ()
+    """Texts the closing path tries first, each once, before single characters: what
+    ends a part of the grammar where any character is allowed (`</think>` after a
+    model's free reasoning)."""
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
@@ -110,6 +115,8 @@ class CompiledGrammar:
 
     closing_tokens: tuple[int, ...]
     """CLOSING_CHARACTERS as single-token ids of this vocabulary, in order."""
+    closing_hints: tuple[tuple[int, ...], ...] = ()
+    """The spec's closing hints as token ids."""
 
     def new_matcher(self, eos_token_ids: tuple[int, ...]) -> "GrammarMatcher":
         """A matcher at the start of the output, for a request ending on
@@ -117,7 +124,8 @@ class CompiledGrammar:
         own = tuple(eos_token_ids)
         return GrammarMatcher(self._template.deep_copy(), own, self.vocab_size,
                               eos_fix=None if set(own) == set(self.grammar_eos)
-                              else (self.grammar_eos, own), closing_tokens=self.closing_tokens)
+                              else (self.grammar_eos, own), closing_tokens=self.closing_tokens,
+                              closing_hints=self.closing_hints)
 
 
 class GrammarCompiler:
@@ -161,8 +169,9 @@ class GrammarCompiler:
         template = LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise InvalidRequestError(f"grammar ({spec.kind}): {template.get_error()}")
+        hints = tuple(tuple(tokenizer.tokenize_str(hint)) for hint in spec.closing_hints)
         return CompiledGrammar(spec, template, tuple(tokenizer.eos_tokens), self.vocab_size,
-                               self._closing_tokens)
+                               self._closing_tokens, hints)
 
 
 class GrammarMatcher:
@@ -173,9 +182,11 @@ class GrammarMatcher:
 
     def __init__(self, matcher: Any, eos_token_ids: tuple[int, ...], vocab_size: int,
                  eos_fix: tuple[tuple[int, ...], tuple[int, ...]] | None,
-                 closing_tokens: tuple[int, ...]) -> None:
+                 closing_tokens: tuple[int, ...],
+                 closing_hints: tuple[tuple[int, ...], ...] = ()) -> None:
         self._matcher = matcher
         self._closing_tokens = closing_tokens
+        self._closing_hints = closing_hints
         self._closing_path: list[int] = []
         """Once the budget is short: the tokens that complete the output, in order."""
         self._closing = False
@@ -230,12 +241,23 @@ class GrammarMatcher:
         found greedily on a copy; None when none is found."""
         probe = self._matcher.deep_copy()
         path: list[int] = []
+        hints = list(self._closing_hints)
         while not probe.is_accepting():
             if len(path) >= limit or probe.is_stopped():
                 return None
+            hint = next((h for h in hints if probe.validate_tokens(list(h)) == len(h)), None)
+            if hint is not None:
+                hints.remove(hint)
+                if not probe.consume_tokens(list(hint)):
+                    return None
+                path.extend(hint)
+                continue
             forced = probe.compute_ff_tokens()
             token = forced[0] if forced else next(
                 (t for t in self._closing_tokens if probe.validate_tokens([t]) == 1), None)
+            if token is None:                # none of those: the lowest allowed token
+                allowed = int.from_bytes(probe.compute_bitmask(), "little")
+                token = (allowed & -allowed).bit_length() - 1 if allowed else None
             if token is None or not probe.consume_token(token):
                 return None
             path.append(token)

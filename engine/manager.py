@@ -68,7 +68,6 @@ class ContinuousBatchingManager:
     def add_request(self, input_ids: list[int], request_id: str | None = None,
                     max_new_tokens: int | None = None, streaming: bool = False,
                     record_timestamps: bool = False, eos_token_id: int | list[int] | None = None,
-                    grammar: GrammarSpec | CompiledGrammar | None = None,
                     **logit_processor_kwargs: Any) -> str | None:
         """Any thread. Queue one request (before `start` too); returns its id, or None
         (with a warning) once the manager is stopped. Raises InvalidRequestError,
@@ -76,10 +75,12 @@ class ContinuousBatchingManager:
         requests that cannot be served. On a follower rank of a tensor-parallel run it
         queues nothing (the driver rank owns requests) and returns None.
 
-        `grammar`: constrained decoding; the output matches it (a GrammarSpec, or
-        one compiled already by `compile_grammar` to share it across requests)."""
+        `grammar=` (among the keyword arguments, beside the sampling ones):
+        constrained decoding; the output matches it (a GrammarSpec, or one compiled
+        already by `compile_grammar` to share it across requests)."""
         if not self.loop.is_driver:
             return None
+        grammar = logit_processor_kwargs.pop("grammar", None)
         request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
         if grammar is not None:

@@ -67,7 +67,11 @@ class ReasoningStream:
                 self.state = "content"
                 return [("content", pending)]
             self.state, pending = "reasoning", stripped[len(OPEN):]
-        if self.state == "content":
+        if self.state == "after":            # blanks right after </think> are dropped
+            pending = pending.lstrip()
+            if pending:
+                self.state = "content"
+        if self.state in ("content", "after"):
             return [("content", pending)] if pending else []
         end = pending.find(CLOSE)
         if end >= 0:
@@ -108,4 +112,5 @@ def after_thinking(spec: GrammarSpec, opened_by_prompt: bool) -> GrammarSpec:
             body_rules, answer = f"answer: %json {json.dumps(compact)}\n", "answer"
     opener = "" if opened_by_prompt else '"<think>" '
     return GrammarSpec("lark", f'start: {opener}think /[ \\n]*/ {answer}\n'
-                               f'think[stop="{CLOSE}"]: /(?s:.*)/\n{body_rules}')
+                               f'think[stop="{CLOSE}"]: /(?s:.*)/\n{body_rules}',
+                       closing_hints=(CLOSE,))

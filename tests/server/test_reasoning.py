@@ -1,0 +1,38 @@
+"""The <think> split: whole answers and the same answers streamed in two pieces
+split at every character, the block opened by the model or by the prompt."""
+
+import pytest
+
+from server.reasoning import ReasoningSplit, prompt_opens_thinking
+
+CASES = [
+    # opened by the prompt, answer, reasoning, content
+    (False, "<think>\nweigh a, then b.\n</think>\n\nThe answer is 4.", "weigh a, then b.",
+     "The answer is 4."),
+    (False, "No thinking here, just <b>text</b>.", None, "No thinking here, just <b>text</b>."),
+    (False, "<think>never closed", "never closed", ""),
+    (True, "still thinking</think>{\"a\": 1}", "still thinking", '{"a": 1}'),
+    (True, "</think>Direct.", "", "Direct."),
+]
+
+
+@pytest.mark.parametrize("opened, answer, reasoning, content", CASES)
+def test_whole_answers(opened, answer, reasoning, content):
+    assert ReasoningSplit(opened).split(answer) == (reasoning, content)
+
+
+@pytest.mark.parametrize("opened, answer, reasoning, content", CASES)
+def test_streamed_answers_split_anywhere(opened, answer, reasoning, content):
+    for pieces in [[answer[:cut], answer[cut:]] for cut in range(len(answer) + 1)] + [list(answer)]:
+        stream = ReasoningSplit(opened).stream()
+        parts = [p for piece in pieces for p in stream.feed(piece)] + stream.finish()
+        got_reasoning = "".join(t for kind, t in parts if kind == "reasoning")
+        got_content = "".join(t for kind, t in parts if kind == "content")
+        assert got_reasoning.strip() == (reasoning or ""), pieces
+        assert got_content == content, pieces
+
+
+def test_prompt_that_leaves_a_block_open():
+    assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_opens_thinking("<|im_start|>assistant\n")
