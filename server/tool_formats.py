@@ -10,9 +10,11 @@
     mistral      [TOOL_CALLS][{"name", "arguments"}, ...]
 
 The family is chosen once, from the chat template's text (`detect_format`), unless
-`--tool-parser` names one. `required` and a named `tool_choice` are enforced by a
-grammar in every family, so the arguments always parse and match the function's
-schema; `auto` is free in the template families and parsed afterwards.
+`--tool-parser` names one. Every family constrains calls with a grammar: under
+`required` or a named `tool_choice` the answer is calls only, under `auto` the model
+may answer in text, but once it starts a call the call is constrained, so the
+arguments always parse and match the function's schema (Mistral's `auto` excepted:
+free, then parsed).
 """
 
 from __future__ import annotations
@@ -162,13 +164,21 @@ class HermesFormat(TemplateFormat):
     name = "hermes"
     _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
-    def grammar(self, tools: list[Tool], choice, parallel: bool) -> GrammarSpec | None:
-        if choice not in ("required",) and not isinstance(choice, NamedToolChoice):
-            return None
+    def grammar(self, tools: list[Tool], choice, parallel: bool) -> GrammarSpec:
+        """`required`/named: calls only. `auto`: free text that never spells
+        <tool_call>, or text up to the first <tool_call> and then calls only, so a
+        started call is always valid."""
         schema = json.dumps({**call_schema(tools, choice), **_COMPACT})
-        repeat = "" if not parallel or isinstance(choice, NamedToolChoice) else "+"
-        return GrammarSpec("lark", f'start: call{repeat}\ncall: "<tool_call>\\n" body '
-                                   f'"\\n</tool_call>"\nbody: %json {schema}\n')
+        single = not parallel or isinstance(choice, NamedToolChoice)
+        more = "" if single else "more*"
+        rules = (f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
+                 f'more: /[ \\n]*/ call\nbody: %json {schema}\n')
+        if choice == "auto":
+            return GrammarSpec("lark", f'start: PLAIN | lead call_rest {more}\n'
+                                       'PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/\n'
+                                       'lead[stop="<tool_call>"]: /(?s:.*)/\n'
+                                       'call_rest: "\\n" body "\\n</tool_call>"\n' + rules)
+        return GrammarSpec("lark", f"start: call {more}\n" + rules)
 
     def parse(self, text: str) -> ParsedOutput:
         calls, kept, last = [], [], 0
@@ -190,10 +200,15 @@ class HermesFormat(TemplateFormat):
 class Llama3JsonFormat(TemplateFormat):
     name = "llama3_json"
 
-    def grammar(self, tools: list[Tool], choice, parallel: bool) -> GrammarSpec | None:
-        if choice not in ("required",) and not isinstance(choice, NamedToolChoice):
-            return None
-        return GrammarSpec("json_schema", call_schema(tools, choice, "parameters"))
+    def grammar(self, tools: list[Tool], choice, parallel: bool) -> GrammarSpec:
+        """A call is the whole answer: `auto` allows text that does not start
+        with `{` instead."""
+        schema = call_schema(tools, choice, "parameters")
+        if choice != "auto":
+            return GrammarSpec("json_schema", schema)
+        body = json.dumps({**schema, **_COMPACT})
+        return GrammarSpec("lark", f"start: TEXT | body\nTEXT: /[^{{](?s:.*)/\n"
+                                   f"body: %json {body}\n")
 
     def parse(self, text: str) -> ParsedOutput:
         body = text.strip().removeprefix("<|python_tag|>")
@@ -214,7 +229,11 @@ class MistralFormat(TemplateFormat):
     marker = "[TOOL_CALLS]"
 
     def grammar(self, tools: list[Tool], choice, parallel: bool) -> GrammarSpec | None:
-        if choice not in ("required",) and not isinstance(choice, NamedToolChoice):
+        """`required`/named only: under `auto` the answer is free and parsed. (A text
+        rule that stops at the marker would drop bytes of a token spanning it, as
+        `][` is one token in many vocabularies; Mistral's own marker is one special
+        token, which a Lark rule cannot stop on.)"""
+        if choice == "auto":
             return None
         schema = json.dumps({**calls_schema(tools, choice, parallel), **_COMPACT})
         return GrammarSpec("lark", f'start: "{self.marker}" body\nbody: %json {schema}\n')

@@ -98,5 +98,41 @@ def test_required_and_named_choices_get_a_grammar(family):
                                               "function": {"name": "get_time"}})
     spec = fmt.grammar(named.tools, named.tool_choice, True)
     assert "get_time" in str(spec.value) and "get_weather" not in str(spec.value)
-    auto = request(tools=TOOLS)
-    assert (fmt.grammar(auto.tools, "auto", True) is not None) == (family == "generic")
+    assert (fmt.grammar(body.tools, "auto", True) is not None) == (family != "mistral")
+
+
+SAMPLES = {  # family -> (a valid call answer, a text answer, a call to a function not offered)
+    "generic": ('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}',
+                '{"content":"Hello there."}',
+                '{"tool_calls":[{"name":"get_mail"'),
+    "hermes": ('<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>',
+               "Hello there.", 'Sure.<tool_call>\n{"name":"get_mail"'),
+    "llama3_json": ('{"name":"get_weather","parameters":{"city":"Oslo"}}', "Hello there.",
+                    '{"name":"get_mail"'),
+    "mistral": ('[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Oslo"}}]',
+                "Hello there.", 'Sure.[TOOL_CALLS][{"name":"get_mail"'),
+}
+
+
+@pytest.mark.parametrize("family", ["generic", "hermes", "llama3_json", "mistral"])
+def test_grammars_accept_calls_and_text_and_refuse_unknown_functions(family, tokenizer):
+    from engine.grammar import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    body = request(tools=TOOLS)
+    call, text, bad = SAMPLES[family]
+
+    def run(choice, answer):
+        matcher = compiler.compile(tool_format(family).grammar(body.tools, choice, True)
+                                   ).new_matcher((tokenizer.eos_token_id,))
+        for token in tokenizer.encode(answer, add_special_tokens=False):
+            matcher.accept(token)
+        return matcher
+
+    for choice in ("auto", "required") if family != "mistral" else ("required",):
+        matcher = run(choice, call)
+        assert matcher.error is None and matcher.eos_allowed(), (choice, call)
+        assert run(choice, bad).error is not None
+    if family != "mistral":
+        assert run("auto", text).eos_allowed()
+    assert run("required", text).error is not None
