@@ -19,11 +19,12 @@ Once the grammar cannot be extended (the JSON value is complete) the request end
 with finish reason "stop" without waiting for an EOS token.
 
 A budget that runs out mid-value would leave an invalid answer (a 135M model can
-write digits forever), so each matcher watches its request's remaining tokens: within
-CLOSING_WINDOW of the end it plays out, on a copy, the shortest way it can find to
-complete the grammar (forced tokens first, else the first allowed of a few closing
-characters: `" } ] , 0` ...), and once that path no longer leaves CLOSING_MARGIN
-tokens to spare, the request follows it token by token.
+write digits forever), so each matcher watches its request's remaining tokens: near the end it plays out,
+on a copy, a short way to complete the grammar (forced tokens first, else the first
+allowed of a few closing characters: `" } ] , 0` ...), and once that path no longer
+leaves a margin to spare, the request follows it token by token. The margin is what
+one freely sampled token may add to the path: at most the path of a whole new value
+(`},{"` starts another array item), so it is the grammar's path from its start.
 
 No torch here (the scheduler imports requests.py, which imports this module); the
 sampler fills and applies the masks (grammar_masks.py).
@@ -31,6 +32,7 @@ sampler fills and applies the masks (grammar_masks.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -44,10 +46,11 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 """Compact JSON (llguidance's separators "," and ":", no free whitespace)."""
 
 CLOSING_WINDOW = 64
-"""Remaining tokens below which a matcher looks for its way to a complete output."""
+"""Remaining tokens below which a matcher looks for its way to a complete output (or
+three margins, when that is more)."""
 CLOSING_MARGIN = 4
-"""Tokens kept to spare: one freely sampled token can open this many levels
-(`":[{"` is one token in common vocabularies)."""
+"""The least margin: one freely sampled token can open this many levels (`":[{"` is
+one token in common vocabularies)."""
 CLOSING_CHARACTERS = '"}],:01ntf' + "abcdefghijklmopqrsuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "23456789[{<> .-_"
 """Tried in this order when no token is forced: closers first (the quote first, since
 inside a string `}` is just a character; the comma before digits, since inside a
@@ -117,6 +120,8 @@ class CompiledGrammar:
     """CLOSING_CHARACTERS as single-token ids of this vocabulary, in order."""
     closing_hints: tuple[tuple[int, ...], ...] = ()
     """The spec's closing hints as token ids."""
+    closing_margin: int = CLOSING_MARGIN
+    """Tokens kept to spare on the way to the end (the module docstring)."""
 
     def new_matcher(self, eos_token_ids: tuple[int, ...]) -> "GrammarMatcher":
         """A matcher at the start of the output, for a request ending on
@@ -125,7 +130,8 @@ class CompiledGrammar:
         return GrammarMatcher(self._template.deep_copy(), own, self.vocab_size,
                               eos_fix=None if set(own) == set(self.grammar_eos)
                               else (self.grammar_eos, own), closing_tokens=self.closing_tokens,
-                              closing_hints=self.closing_hints)
+                              closing_hints=self.closing_hints,
+                              closing_margin=self.closing_margin)
 
 
 class GrammarCompiler:
@@ -170,8 +176,10 @@ class GrammarCompiler:
         if template.is_error():
             raise InvalidRequestError(f"grammar ({spec.kind}): {template.get_error()}")
         hints = tuple(tuple(tokenizer.tokenize_str(hint)) for hint in spec.closing_hints)
-        return CompiledGrammar(spec, template, tuple(tokenizer.eos_tokens), self.vocab_size,
-                               self._closing_tokens, hints)
+        compiled = CompiledGrammar(spec, template, tuple(tokenizer.eos_tokens), self.vocab_size,
+                                   self._closing_tokens, hints)
+        whole = compiled.new_matcher(compiled.grammar_eos)._path_to_completion(256)
+        return dataclasses.replace(compiled, closing_margin=max(CLOSING_MARGIN, len(whole or ())))
 
 
 class GrammarMatcher:
@@ -183,10 +191,12 @@ class GrammarMatcher:
     def __init__(self, matcher: Any, eos_token_ids: tuple[int, ...], vocab_size: int,
                  eos_fix: tuple[tuple[int, ...], tuple[int, ...]] | None,
                  closing_tokens: tuple[int, ...],
-                 closing_hints: tuple[tuple[int, ...], ...] = ()) -> None:
+                 closing_hints: tuple[tuple[int, ...], ...] = (),
+                 closing_margin: int = CLOSING_MARGIN) -> None:
         self._matcher = matcher
         self._closing_tokens = closing_tokens
         self._closing_hints = closing_hints
+        self._closing_margin = closing_margin
         self._closing_path: list[int] = []
         """Once the budget is short: the tokens that complete the output, in order."""
         self._closing = False
@@ -229,9 +239,11 @@ class GrammarMatcher:
             return self._closing_path[0]
         if self._closing and self._matcher.is_accepting() and self.eos_token_ids:
             return self.eos_token_ids[0]
-        if remaining <= CLOSING_WINDOW:
+        if remaining <= max(CLOSING_WINDOW, 3 * self._closing_margin):
             path = self._path_to_completion(remaining)
-            if path and len(path) + CLOSING_MARGIN >= remaining:
+            # a path this long came from one token, or a new value may cost as much
+            self._closing_margin = max(self._closing_margin, len(path or ()))
+            if path and len(path) + self._closing_margin >= remaining:
                 self._closing, self._closing_path = True, path
                 return path[0]
         return None
