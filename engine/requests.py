@@ -56,7 +56,8 @@ class RequestState:
     created_time: float = field(default_factory=time.perf_counter)
     first_scheduled_time: float | None = None
     sampler_state: Any = None
-    """Owned by the sampler (the request's random generator)."""
+    """Owned by the sampler (sampling.RequestSampling: the request's random stream and
+    logit bias tensors), set when the engine takes the request."""
     grammar: GrammarMatcher | None = None
     """Constrained decoding: what the output must match (grammar.py); its matcher
     advances with every generated token."""

@@ -7,6 +7,11 @@ the whole [S, vocab] matrix with per-row parameter vectors. Greedy rows take arg
 Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. draws a token
 with probability p. Each seeded request draws E from its own torch.Generator, so its
 tokens depend only on its seed and its own logits, never on what else is in the batch.
+
+A request's logit bias becomes two tensors once, when the engine takes the request
+(ids and values, `RequestSampling`); each step adds every biased row's values in one
+index_add over the flattened logits, however many entries a request has (a full-
+vocabulary bias is 49,152 of them).
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ import torch
 
 from .grammar_masks import NO_MASKS, PendingMasks, apply_masks
 from .requests import RequestState
+
+
+@dataclass(frozen=True)
+class RequestSampling:
+    """The sampler's per-request state (RequestState.sampler_state)."""
+
+    generator: torch.Generator | None
+    """The seeded request's own random stream; None: the shared one."""
+    bias_ids: torch.Tensor | None
+    """[K] long token ids of the logit bias, on the logits' device; None: no bias."""
+    bias_values: torch.Tensor | None
+    """[K] fp32 biases."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +53,18 @@ class Sampler:
             self.shared_generator.seed()
 
     def init_request(self, request: RequestState) -> None:
-        """Give a seeded request its own random stream (engine thread)."""
+        """A seeded request's own random stream and a biased request's bias tensors
+        (engine thread, once per request)."""
+        generator = bias_ids = bias_values = None
         if request.sampling.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(request.sampling.seed)
-            request.sampler_state = generator
+        if request.sampling.logit_bias:
+            bias = request.sampling.logit_bias
+            bias_ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=self.device)
+            bias_values = torch.tensor(list(bias.values()), dtype=torch.float32,
+                                       device=self.device)
+        request.sampler_state = RequestSampling(generator, bias_ids, bias_values)
 
     def sample(self, logits: torch.Tensor, requests: list[RequestState],
                masks: PendingMasks = NO_MASKS) -> SampleResult:
@@ -78,9 +102,9 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties_and_bias(logits: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
-        rows = [i for i, r in enumerate(requests)
-                if r.sampling.needs_token_counts or r.sampling.logit_bias]
-        if not rows:
+        rows = [i for i, r in enumerate(requests) if r.sampling.needs_token_counts]
+        biased = [i for i, r in enumerate(requests) if r.sampling.logit_bias]
+        if not rows and not biased:
             return logits
         logits = logits.clone()
         for i in rows:
@@ -100,8 +124,11 @@ class Sampler:
                     torch.tensor(request.generated_tokens, dtype=torch.long, device=logits.device),
                     minlength=row.shape[0]).to(row.dtype)
                 row -= counts * params.frequency_penalty + (counts > 0).to(row.dtype) * params.presence_penalty
-            for token_id, bias in params.logit_bias.items():
-                row[token_id] += bias
+        if biased:          # after the penalties; one index_add for every biased row
+            vocab = logits.shape[1]
+            states = [requests[i].sampler_state for i in biased]
+            flat_ids = torch.cat([s.bias_ids + i * vocab for i, s in zip(biased, states)])
+            logits.view(-1).index_add_(0, flat_ids, torch.cat([s.bias_values for s in states]))
         return logits
 
     @staticmethod
@@ -135,8 +162,8 @@ class Sampler:
     def _race(self, probs: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
         noise = torch.empty_like(probs)
         for i, request in enumerate(requests):
-            generator = request.sampler_state or self.shared_generator
-            noise[i].exponential_(generator=generator)
+            own = request.sampler_state.generator if request.sampler_state else None
+            noise[i].exponential_(generator=own or self.shared_generator)
         return (probs / noise).argmax(dim=-1)
 
 

@@ -21,10 +21,11 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from .async_engine import AsyncEngine
+from .browser_safety import BrowserSafety
 from .errors import install_error_handlers
 from .request_log import RequestLogMiddleware
 from .routes import api
-from .routes_ops import ops
+from .routes_ops import debug, ops
 from .settings import ServerSettings
 from .state import build_state
 
@@ -104,13 +105,20 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="kvserve", version="0.1.0", lifespan=lifespan)
+    # the API docs are routes of ours, behind the API key (routes_ops.py); no
+    # trailing-slash redirects (their Location would come from the client's Host)
+    app = FastAPI(title="kvserve", version="0.1.0", lifespan=lifespan, openapi_url=None,
+                  docs_url=None, redoc_url=None, redirect_slashes=False)
     if settings.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
                            allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BrowserSafety, bind_host=settings.host,
+                       allowed_hosts=settings.allowed_hosts)
     # Added last, so it wraps CORS too: every response, preflights included, is logged.
     app.add_middleware(RequestLogMiddleware, log_prompts=settings.log_prompts)
     install_error_handlers(app)
     app.include_router(api)
     app.include_router(ops)
+    if settings.enable_fault_injection:
+        app.include_router(debug)
     return app

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="add prompt and output text to the request log lines (default false)")
     add("--cors-allow-origins", nargs="+", metavar="ORIGIN",
         help="browser origins allowed to call the API ('*' for any)")
+    add("--allowed-hosts", nargs="+", metavar="HOST",
+        help="Host header names served besides loopback ones (DNS-rebinding guard)")
     add("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's")
     add("--tool-parser", help="auto (from the chat template), generic, hermes, llama3_json "
                               "or mistral")

@@ -7,6 +7,8 @@ Every route checks the API key when keys are configured (see auth.py).
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -60,13 +62,16 @@ async def tokenize(request: Request) -> JSONResponse:
     state = serving_state(request)
     body = await parse_request(request, TokenizeRequest, state.settings.max_request_bytes)
     state.check_model(body.model)
+    # every tokenizer call runs off the event loop: a 4 MB body takes seconds
     if body.messages is not None:
         add_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
-        tokens = render_chat(state.tokenizer, state.chat_format, body.messages,
-                             add_generation_prompt=add_prompt).ids
+        rendered = await asyncio.to_thread(render_chat, state.tokenizer, state.chat_format,
+                                           body.messages, add_prompt)
+        tokens = rendered.ids
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        tokens = encode_text(state.tokenizer, body.prompt, add_special_tokens=add_special)
+        tokens = await asyncio.to_thread(encode_text, state.tokenizer, body.prompt,
+                                         add_special)
     return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len,
                          "tokens": tokens})
 
@@ -77,5 +82,5 @@ async def detokenize(request: Request) -> JSONResponse:
     body = await parse_request(request, DetokenizeRequest, state.settings.max_request_bytes)
     state.check_model(body.model)
     check_token_ids(body.tokens, state.vocab_size, param="tokens")
-    return JSONResponse({"prompt": decode_all(state.tokenizer, body.tokens,
-                                              skip_special_tokens=False)})
+    text = await asyncio.to_thread(decode_all, state.tokenizer, body.tokens, False)
+    return JSONResponse({"prompt": text})

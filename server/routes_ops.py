@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse
 
 from .auth import require_api_key
@@ -27,6 +28,21 @@ from .state import ServingState
 logger = logging.getLogger(__name__)
 
 ops = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@ops.get("/openapi.json", include_in_schema=False)
+async def openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@ops.get("/docs", include_in_schema=False)
+async def swagger_docs(request: Request) -> Response:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="kvserve API")
+
+
+@ops.get("/redoc", include_in_schema=False)
+async def redoc_docs(request: Request) -> Response:
+    return get_redoc_html(openapi_url="/openapi.json", title="kvserve API")
 
 
 def _state(request: Request) -> ServingState:
@@ -58,12 +74,14 @@ async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-@ops.post("/debug/fail-engine")
+debug = APIRouter(dependencies=[Depends(require_api_key)], include_in_schema=False)
+"""Routed only when `enable_fault_injection` is on (create_app): never in production."""
+
+
+@debug.post("/debug/fail-engine")
 async def fail_engine(request: Request) -> JSONResponse:
-    """Testing only (see fault_injection.py); 404 unless enabled."""
+    """Testing only (see fault_injection.py)."""
     state = _state(request)
-    if not state.settings.enable_fault_injection:
-        raise OpenAIError(f"Unknown endpoint: POST {request.url.path}", status_code=404)
     logger.warning("arming an engine fault on request: the engine thread will die")
     arm_engine_fault(state.engine.manager)
     return JSONResponse({"status": "armed"})

@@ -112,8 +112,13 @@ def build_plan(request: GenerationFields, state: ServingState, *, max_tokens: in
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """Keys (ASCII decimal token ids, checked by the schema) -> ids within the
+    vocabulary; at most one entry per token of the vocabulary."""
     if not bias:
         return None
+    if len(bias) > vocab_size:
+        raise bad_request(f"logit_bias has {len(bias)} entries; at most {vocab_size} (one per "
+                          "token of the vocabulary) are allowed.", param="logit_bias")
     result = {}
     for key, value in bias.items():
         token_id = int(key)

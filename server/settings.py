@@ -87,6 +87,9 @@ class ServerSettings(BaseModel):
     """Add prompt and output text to the per-request log line (off: never logged)."""
     cors_allow_origins: list[str] = Field(default_factory=list)
     """Browser origins allowed to call the API (e.g. a web chat UI); ["*"] for any."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host names served besides the loopback ones on a loopback bind (all of them on
+    other binds unless this lists some): a guard against DNS rebinding."""
     chat_template: str | None = None
     """A Jinja chat template file that replaces the model's own."""
     tool_parser: Literal["auto", "generic", "hermes", "llama3_json", "mistral"] = "auto"

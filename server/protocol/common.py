@@ -81,8 +81,10 @@ class GenerationFields(OpenAIModel):
         if value is None:
             return None
         for key, bias in value.items():
-            if not key.strip().isdigit():
-                raise ValueError(f"keys must be token ids, got {key!r}")
+            digits = key.strip()
+            # ASCII only: str.isdigit() also takes "²" (int() refuses it) and "١" (== 1)
+            if not (digits.isascii() and digits.isdigit()):
+                raise ValueError(f"keys must be token ids (ASCII digits), got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"bias for token {key} must be in [-100, 100]")
         return value

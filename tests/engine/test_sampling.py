@@ -114,3 +114,40 @@ def test_unsupported_processors_are_dropped_with_a_warning_or_refused(tiny_llama
         model.generate_batch([[30, 31]], TransformersGenerationConfig(max_new_tokens=2),
                              ContinuousBatchingConfig(page_size=4, num_blocks=32), warmup=False)
     assert "not supported" not in caplog.text
+
+
+def test_vectorised_bias_equals_a_loop_over_entries():
+    """Penalties, then the bias: the one index_add gives the logits a per-token loop
+    over every request's entries gives, bit for bit (full-vocabulary biases too)."""
+    from engine.generation_config import SamplingParams
+    from engine.requests import RequestState
+    from engine.sampling import Sampler
+
+    vocab = 300
+    generator = torch.Generator().manual_seed(4)
+    full = {t: float(v) for t, v in enumerate(torch.randn(vocab, generator=generator))}
+    params = [SamplingParams(logit_bias=full), SamplingParams(),
+              SamplingParams(logit_bias={3: 100.0, 299: -7.5}, repetition_penalty=1.3,
+                             presence_penalty=0.5),
+              SamplingParams(repetition_penalty=0.8)]
+    requests = [RequestState(f"r{i}", [1, 3, 5], 8, (), sampling=p, generated_tokens=[3, 7])
+                for i, p in enumerate(params)]
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    for request in requests:
+        sampler.init_request(request)
+    logits = torch.randn(len(requests), vocab, generator=generator)
+    got = Sampler._apply_penalties_and_bias(logits, requests)
+    expected = logits.clone()
+    for row, request in zip(expected, requests):
+        p = request.sampling
+        if p.repetition_penalty != 1.0:
+            for token in sorted(set(request.prompt_ids + request.generated_tokens)):
+                value = row[token]
+                row[token] = value / p.repetition_penalty if value > 0 else value * p.repetition_penalty
+        for token in set(request.generated_tokens):
+            row[token] -= request.generated_tokens.count(token) * p.frequency_penalty \
+                + p.presence_penalty
+        for token, bias in p.logit_bias.items():
+            row[token] += bias
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, logits)

@@ -38,6 +38,8 @@ CASES = [
     (CHAT, {"model": MODEL, "messages": MSG, "presence_penalty": 2.5}, 400, "presence_penalty"),
     (CHAT, {"model": MODEL, "messages": MSG, "frequency_penalty": -3}, 400, "frequency_penalty"),
     (CHAT, {"model": MODEL, "messages": MSG, "logit_bias": {"999999": 5}}, 400, "logit_bias"),
+    (CHAT, {"model": MODEL, "messages": MSG, "logit_bias": {"²": 5}}, 400, "logit_bias"),
+    (CHAT, {"model": MODEL, "messages": MSG, "logit_bias": {"١": 5}}, 400, "logit_bias"),
     (CHAT, {"model": MODEL, "messages": MSG, "stop_token_ids": [10**9]}, 400, "stop_token_ids"),
     (CHAT, {"model": MODEL, "messages": MSG, "tools": [{"type": "function"}]}, 400,
      "tools[0].function"),
