@@ -1,8 +1,9 @@
 """End to end: the server's life and death.
 
-- SIGTERM while 8 streams run: each stream finishes, new connections are refused,
-  and the process exits 0; requests still running when the drain window closes end
-  with a 503 error (in-band plus [DONE] for a stream).
+- SIGTERM while 8 streams run: each stream finishes; meanwhile the listener stays up,
+  /ready and new requests answer 503; then the process exits 0; requests still
+  running when the drain window closes end with a 503 error (in-band plus [DONE] for
+  a stream).
 - The engine thread dies (a fault injected into its step, through the testing-only
   route): every waiting client gets an error body, never a hang; /health turns red;
   new requests are refused with 503.
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 NUM_STREAMS = 8
-TOKENS = 24
+TOKENS = 96
 
 
 @pytest.fixture
@@ -53,17 +54,13 @@ async def read_stream(http, url, body, first_chunk: asyncio.Event):
     return text, finish, usage, done
 
 
-def refused_within(url: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"{url}/health", timeout=1)
-        except httpx.ConnectError:
-            return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    return False
+def draining_answers(url: str, body: dict) -> tuple[int, int, str]:
+    """During the drain: /ready's status, a new chat's status and error code."""
+    time.sleep(0.3)                              # the signal has been handled
+    ready = httpx.get(f"{url}/ready", timeout=5).status_code
+    plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    chat = httpx.post(f"{url}/v1/chat/completions", json=plain, timeout=5)
+    return ready, chat.status_code, chat.json()["error"]["code"]
 
 
 def test_sigterm_lets_running_streams_finish_and_exits_0(drain_server):
@@ -79,12 +76,12 @@ def test_sigterm_lets_running_streams_finish_and_exits_0(drain_server):
             await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 120)
             running = drain_server.health()["num_running"]
             os.kill(drain_server.process.pid, signal.SIGTERM)
-            refused = await asyncio.to_thread(refused_within, drain_server.base_url, 5)
-            return running, refused, await asyncio.gather(*tasks)
+            answers = await asyncio.to_thread(draining_answers, drain_server.base_url, body)
+            return running, answers, await asyncio.gather(*tasks)
 
-    running, refused, results = asyncio.run(scenario())
+    running, answers, results = asyncio.run(scenario())
     assert running == NUM_STREAMS
-    assert refused, "the server still accepted connections after SIGTERM"
+    assert answers == (503, 503, "server_shutting_down"), answers
     for text, finish, usage, done in results:
         assert text and finish == "length" and done
         assert usage["completion_tokens"] == TOKENS
