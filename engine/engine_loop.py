@@ -85,6 +85,26 @@ class EngineLoop:
                               if r.first_scheduled_time is None)
         return self._num_submitted_unseen + never_scheduled
 
+    def num_beyond_capacity(self) -> int:
+        """Any thread. Requests added and never scheduled that the engine could not
+        admit right now: walking the waiting queue then the inbox in order, each takes
+        a batch slot and the blocks of its prompt while there are some free; those
+        left over count (`max_queue_size` bounds them). Preempted requests waiting to
+        resume take their share first but are not counted."""
+        with self.inbox.mutex:
+            unseen = [item[1] for item in self.inbox.queue
+                      if item is not _WAKE and item[0] == "add"]
+        slots = self.sizing.max_requests_per_batch - len(self.scheduler.running)
+        free_blocks = self.allocator.num_free_blocks
+        beyond = 0
+        for request in list(self.scheduler.waiting) + unseen:
+            needed = len(request.prompt_ids) // self.sizing.page_size + 1
+            if slots > 0 and needed <= free_blocks:
+                slots, free_blocks = slots - 1, free_blocks - needed
+            elif request.first_scheduled_time is None:
+                beyond += 1
+        return beyond
+
     @property
     def stop_requested(self) -> bool:
         return self._stop_requested

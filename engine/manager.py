@@ -90,8 +90,9 @@ class ContinuousBatchingManager:
                 logger.warning("manager is not running: request %s refused", request.request_id)
                 return None
             max_queue = self.config.max_queue_size
-            if max_queue and self.loop.num_pending() >= max_queue:
-                raise QueueFullError(f"{max_queue} requests are already queued (max_queue_size)")
+            if max_queue and self.loop.num_beyond_capacity() >= max_queue:
+                raise QueueFullError(f"{max_queue} requests already wait beyond what the "
+                                     "engine can admit now (max_queue_size)")
             self.loop.submit(request)
         return request.request_id
 

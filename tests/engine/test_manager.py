@@ -182,13 +182,15 @@ def test_bad_requests_get_typed_errors_and_do_not_disturb_others(tiny_llama):
 
 
 def test_queue_limit_raises_queue_full(tiny_llama):
+    """max_queue_size counts the requests beyond what the engine can admit now: two
+    batch slots take the first two, the queue the next two, the fifth is refused."""
     model, _ = tiny_llama
-    manager = make_manager(model, max_queue_size=2)
+    manager = make_manager(model, max_queue_size=2, max_requests_per_batch=2)
     with manager.pause():                       # not started: nothing drains the queue
-        manager.add_request([3])
-        manager.add_request([4])
+        for token in (3, 4, 5, 6):
+            manager.add_request([token])
         with pytest.raises(QueueFullError):
-            manager.add_request([5])
+            manager.add_request([7])
     manager.destroy()
 
 
