@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from .async_engine import AsyncEngine
 from .browser_safety import BrowserSafety
+from .connections import quiet_accept_errors
 from .errors import install_error_handlers
 from .request_log import RequestLogMiddleware
 from .routes import api
@@ -89,6 +90,7 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_errors(asyncio.get_running_loop())
         loaded = model if model is not None else await asyncio.to_thread(load_engine_model, settings)
         engine = start_engine(settings, loaded)
         await asyncio.to_thread(engine.warmup)

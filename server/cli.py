@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-request-bytes", type=int, help="largest request body accepted")
     add("--request-timeout", dest="request_timeout_s", type=float,
         help="seconds a generation may run before it is cancelled (504)")
+    add("--request-read-timeout", dest="request_read_timeout_s", type=float,
+        help="seconds a connection has to send a complete request (default 30)")
+    add("--stream-write-timeout", dest="stream_write_timeout_s", type=float,
+        help="seconds a stream may wait for a client that reads nothing (default 30)")
+    add("--max-connections", type=int,
+        help="open client connections (default: the file limit less a reserve)")
     add("--drain-timeout", dest="drain_timeout_s", type=float,
         help="seconds in-flight requests may finish after SIGTERM (default 30)")
     add("--log-level", help="critical, error, warning, info or debug")

@@ -32,6 +32,7 @@ from typing import Any
 
 import uvicorn
 
+from .connections import ConnectionGuard, default_max_connections
 from .settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,10 @@ def _ignore_reraised_signal(sig: int, frame: FrameType | None) -> None:
 
 def serve(app: Any, settings: ServerSettings) -> None:
     """Serve `app` until a signal arrives and the drain is over."""
+    guard = ConnectionGuard(settings.max_connections or default_max_connections(),
+                            settings.request_read_timeout_s)
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                            log_level=settings.log_level,
+                            log_level=settings.log_level, http=guard.protocol_class(),
                             timeout_graceful_shutdown=settings.drain_timeout_s,
                             # request_log.py writes one line per request instead.
                             access_log=False)

@@ -58,7 +58,8 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     choices = submit_choices(state, header["id"], [prompt_ids], plan)
     job = _ChatJob(state, run, choices, plan, header, len(prompt_ids), shape)
     if plan.stream:
-        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
+                            write_timeout_s=state.settings.stream_write_timeout_s)
     try:
         result = await run_until_disconnect(request, job.collect())
     except ClientDisconnected:

@@ -57,7 +57,8 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     choices = submit_choices(state, header["id"], prompts, plan)
     job = _CompletionJob(state, run, choices, plan, header, echoes, prompt_tokens)
     if plan.stream:
-        return sse_response(job.stream(), on_close=lambda: cancel_all(choices))
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
+                            write_timeout_s=state.settings.stream_write_timeout_s)
     try:
         return JSONResponse(await run_until_disconnect(request, job.collect()))
     except ClientDisconnected:

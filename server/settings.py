@@ -80,6 +80,16 @@ class ServerSettings(BaseModel):
     request_timeout_s: float | None = Field(None, gt=0)
     """Longest a generation request may run; past it the request is cancelled (its KV
     blocks freed) and answered with a 504 error. None: no limit."""
+    request_read_timeout_s: float = Field(30.0, gt=0)
+    """A connection must deliver a complete request (head and body) within this long
+    of opening or of its previous response; silent and trickling clients are cut."""
+    stream_write_timeout_s: float | None = Field(30.0, gt=0)
+    """A stream whose client reads nothing for this long is cancelled (its KV blocks
+    freed). None: no limit."""
+    max_connections: int | None = Field(None, ge=1)
+    """Open client connections; past it the oldest one still waiting for its request
+    is closed, or, when all are busy, the newcomer gets a 503. None: the file limit
+    less a reserve."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM/SIGINT, how long in-flight requests may run before they are cut."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -12,10 +12,12 @@ EventStreamResponse is a plain ASGI response: each event goes out as one body me
 with no per-event wrapper around `send` (sse-starlette, used before, opened a cancel
 scope per event; without it the event loop's CPU per c=32 run went 0.94-1.03 ->
 0.68-0.71 s, docs/benchmarks.md).
-Per response it runs two helper tasks: one waits for the client's disconnect, which
-cancels the stream (the generator's cleanup cancels the engine requests), and one
-sends a comment line every PING_INTERVAL_S, so proxies keep an idle stream open (a
-request still queued, a long prefill). A shutdown does not cut streams: the drain
+Per response it runs three helper tasks: one waits for the client's disconnect, which
+cancels the stream (the generator's cleanup cancels the engine requests), one sends a
+comment line every PING_INTERVAL_S, so proxies keep an idle stream open (a request
+still queued, a long prefill), and one watches the sends: a client that stops
+reading fills the socket's buffers until a send blocks, and once one has blocked for
+`write_timeout_s` the stream is cancelled like a disconnect (its blocks freed). A shutdown does not cut streams: the drain
 (lifecycle.py, generation.py's drain deadline) ends them in-band.
 """
 
@@ -98,20 +100,26 @@ class EventStreamResponse(StreamingResponse):
     StreamingResponse gives the headers (no Content-Length); the sending is its own."""
 
     def __init__(self, events: AsyncIterator[dict[str, str]], on_close: Callable[[], None],
-                 ping_interval_s: float = PING_INTERVAL_S) -> None:
+                 ping_interval_s: float = PING_INTERVAL_S,
+                 write_timeout_s: float | None = None) -> None:
         super().__init__(events, headers=HEADERS, media_type="text/event-stream")
         self._on_close = on_close
         self._ping_interval_s = ping_interval_s
+        self._write_timeout_s = write_timeout_s
+        self._send_started: float | None = None
+        """Loop time at which the send in progress began (None between sends)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        streamer = asyncio.create_task(self._send_events(send))
-        watcher = asyncio.create_task(wait_for_disconnect(receive))
+        tasks = [asyncio.create_task(self._send_events(send)),
+                 asyncio.create_task(wait_for_disconnect(receive))]
+        if self._write_timeout_s is not None:
+            tasks.append(asyncio.create_task(self._watch_sends()))
         try:
-            await asyncio.wait({streamer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (streamer, watcher):
+            for task in tasks:
                 task.cancel()
-            results = await asyncio.gather(streamer, watcher, return_exceptions=True)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
             self._on_close()
         error = results[0]
         if isinstance(error, BaseException) and not isinstance(
@@ -123,14 +131,30 @@ class EventStreamResponse(StreamingResponse):
                     "headers": self.raw_headers})
         pinger = asyncio.create_task(self._ping(send))
         try:
+            loop = asyncio.get_running_loop()
             async with contextlib.aclosing(self.body_iterator) as events:
                 async for item in events:
+                    self._send_started = loop.time()
                     await send({"type": "http.response.body", "body": encode(item),
                                 "more_body": True})
+                    self._send_started = None
             pinger.cancel()                 # no ping after the last message
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             pinger.cancel()
+
+    async def _watch_sends(self) -> None:
+        """Return once a send has been blocked for write_timeout_s (a client that
+        reads nothing); that ends the response like a disconnect."""
+        loop = asyncio.get_running_loop()
+        period = min(1.0, self._write_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            started = self._send_started
+            if started is not None and loop.time() - started >= self._write_timeout_s:
+                logger.warning("cancelling a stream whose client read nothing for %gs",
+                               self._write_timeout_s)
+                return
 
     async def _ping(self, send: Send) -> None:
         while True:
@@ -138,10 +162,10 @@ class EventStreamResponse(StreamingResponse):
             await send({"type": "http.response.body", "body": PING, "more_body": True})
 
 
-def sse_response(events: AsyncIterator[dict[str, str]],
-                 on_close: Callable[[], None]) -> EventStreamResponse:
+def sse_response(events: AsyncIterator[dict[str, str]], on_close: Callable[[], None],
+                 write_timeout_s: float | None = None) -> EventStreamResponse:
     """Stream `events` (an exception becomes an in-band error event and [DONE]). When
     the client disconnects, the stream is cancelled, whose cleanup cancels the engine
     requests; `on_close` runs after the stream in every case, covering a client gone
     before the generator even started."""
-    return EventStreamResponse(_guarded(events), on_close)
+    return EventStreamResponse(_guarded(events), on_close, write_timeout_s=write_timeout_s)

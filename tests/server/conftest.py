@@ -9,6 +9,7 @@ only tests that ask for it pay for the start.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -109,10 +110,11 @@ def server(tmp_path_factory) -> RunningServer:
 
 
 def launch_server(tmp_path_factory, flags: list[str], env: dict[str, str] | None = None,
-                  api_key: str = API_KEY):
+                  api_key: str = API_KEY, file_limit: int | None = None):
     """Start `python -m server` with `flags` (and extra environment `env`) on a free
     port; yield it once healthy and stop it (SIGINT, then kill) when the generator is
-    closed. `api_key` is the key its clients send."""
+    closed. `api_key` is the key its clients send; `file_limit` lowers the process's
+    descriptor limit (soft and hard)."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "server", "--model", MODEL, "--host", "127.0.0.1",
@@ -120,7 +122,10 @@ def launch_server(tmp_path_factory, flags: list[str], env: dict[str, str] | None
     environ = {k: v for k, v in os.environ.items() if k != "KVSERVE_API_KEY"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                   env={**environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                   preexec_fn=None if file_limit is None else
+                                   lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                              (file_limit, file_limit)))
     running = RunningServer(f"http://127.0.0.1:{port}", api_key, process, log_path)
     try:
         _wait_until_healthy(running)

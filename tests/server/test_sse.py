@@ -80,3 +80,39 @@ def test_text_events_are_the_events_of_their_payloads():
             assert chunks(index, text) == event(payload(index, text))
     odd = TextEvents(lambda index, text: {"model": TEXT_SLOT, "text": text})
     assert odd(0, "a") == event({"model": TEXT_SLOT, "text": "a"})
+
+
+def test_a_client_that_reads_nothing_is_cut_after_the_write_timeout():
+    """A send blocks (full socket buffers); after write_timeout_s the stream is
+    cancelled like a disconnect: its cleanup runs and on_close once, the generator
+    stops producing."""
+    closed, produced, cleaned = [], [], []
+
+    async def events():
+        try:
+            for n in range(1000):
+                produced.append(n)
+                yield event({"n": n})
+        finally:
+            cleaned.append(True)
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()            # never disconnects
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and produced and produced[-1] >= 3:
+            await asyncio.Event().wait()        # the client stopped reading
+
+    response = EventStreamResponse(events(), lambda: closed.append(True),
+                                   write_timeout_s=0.3)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+        return loop.time() - started
+
+    elapsed = asyncio.run(main())
+    assert 0.3 <= elapsed < 2 and closed == [True] and cleaned == [True]
+    assert len(produced) == 4
