@@ -4,6 +4,8 @@ template (and the `chat_template` / `tool_parser` settings):
     template    the Jinja template rendering messages (None: the tokenizer's own)
     tools       the tool-call family (tool_formats.py)
     reasoning   whether the template knows <think> blocks (reasoning.py)
+    control     the texts of the tokenizer's added tokens (<|im_start|>, ...) that a
+                message's content may not turn into control tokens (prompts.py)
 
 `render` turns a request's messages (plus tools and `chat_template_kwargs`) into
 prompt text; the routes tokenize it off the event loop.
@@ -25,6 +27,12 @@ class ChatFormat:
     tools: Any
     """GenericFormat, HermesFormat, Llama3JsonFormat or MistralFormat."""
     reasoning: bool
+    control: tuple[str, ...] = ()
+    """Added-token texts, longest first; empty when contents may spell them
+    (`parse_special_tokens_in_messages`)."""
+
+    def spells_control_token(self, content: str) -> bool:
+        return any(token in content for token in self.control)
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -53,10 +61,14 @@ class ChatFormat:
                               param="messages") from None
 
 
-def build_chat_format(tokenizer: Any, template_file: str | None, tool_parser: str) -> ChatFormat:
+def build_chat_format(tokenizer: Any, template_file: str | None, tool_parser: str,
+                      parse_special_tokens: bool = False) -> ChatFormat:
     template = Path(template_file).read_text() if template_file else None
     text = template or getattr(tokenizer, "chat_template", None) or ""
     if not isinstance(text, str):            # a dict of named templates: the default one
         text = str(text)
     family = detect_format(text) if tool_parser == "auto" else tool_parser
-    return ChatFormat(template, tool_format(family), "<think>" in text)
+    control = () if parse_special_tokens else tuple(sorted(
+        {t.content for t in tokenizer.added_tokens_decoder.values() if t.content},
+        key=len, reverse=True))
+    return ChatFormat(template, tool_format(family), "<think>" in text, control)

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allowed-hosts", nargs="+", metavar="HOST",
         help="Host header names served besides loopback ones (DNS-rebinding guard)")
     add("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's")
+    add("--parse-special-tokens-in-messages", type=_bool, metavar="BOOL",
+        help="let message text that spells a control token become it (default false)")
     add("--tool-parser", help="auto (from the chat template), generic, hermes, llama3_json "
                               "or mistral")
     engine = parser.add_argument_group("engine", "continuous batching (default: engine's choice)")

@@ -9,6 +9,8 @@ prompts are tokenized with the tokenizer's usual special tokens. Template errors
 
 from __future__ import annotations
 
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +30,44 @@ def render_chat(tokenizer: Any, chat_format: ChatFormat, messages: list[ChatMess
                 add_generation_prompt: bool = True, tools: list | None = None,
                 template_kwargs: dict | None = None) -> RenderedChat:
     """Messages (+ tools, `chat_template_kwargs`) -> prompt text and token ids,
-    through the chat template (chat_format.py)."""
-    text = chat_format.render(tokenizer, [m.to_template_dict() for m in messages], tools=tools,
-                              template_kwargs=template_kwargs,
+    through the chat template (chat_format.py). A content that spells a control
+    token is tokenized as text (`_render_guarded`)."""
+    dicts = [m.to_template_dict() for m in messages]
+    spelled = [i for i, d in enumerate(dicts) if chat_format.spells_control_token(d["content"])]
+    if spelled:
+        return _render_guarded(tokenizer, chat_format, dicts, spelled, add_generation_prompt,
+                               tools, template_kwargs)
+    text = chat_format.render(tokenizer, dicts, tools=tools, template_kwargs=template_kwargs,
                               add_generation_prompt=add_generation_prompt)
     return RenderedChat(text, encode_text(tokenizer, text, add_special_tokens=False))
+
+
+def _render_guarded(tokenizer: Any, chat_format: ChatFormat, dicts: list[dict],
+                    spelled: list[int], add_generation_prompt: bool, tools: list | None,
+                    template_kwargs: dict | None) -> RenderedChat:
+    """The template rendered around placeholders; the template's own text tokenized
+    as usual (its control tokens parsed), each placeholder's content with special
+    tokens split into plain text. Other prompts never take this path, so their
+    tokens stay exactly the usual ones."""
+    marker = f"KVSERVE{uuid.uuid4().hex}"
+    contents = {f"{marker}{i}X": dicts[i]["content"] for i in spelled}
+    for i, key in zip(spelled, contents):
+        dicts[i] = {**dicts[i], "content": key}
+    text = chat_format.render(tokenizer, dicts, tools=tools, template_kwargs=template_kwargs,
+                              add_generation_prompt=add_generation_prompt)
+    if any(key not in text for key in contents):      # the template rewrote the content
+        raise bad_request("A message spells a control token of this model, and this "
+                          "chat template does not keep its text apart.", param="messages")
+    ids: list[int] = []
+    pieces = re.split("(" + "|".join(map(re.escape, contents)) + ")", text)
+    for piece in pieces:
+        if piece in contents:
+            ids += tokenizer.encode(contents[piece], add_special_tokens=False,
+                                    split_special_tokens=True)
+        elif piece:
+            ids += encode_text(tokenizer, piece, add_special_tokens=False)
+    plain = "".join(contents.get(piece, piece) for piece in pieces)
+    return RenderedChat(plain, ids)
 
 
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -102,6 +102,10 @@ class ServerSettings(BaseModel):
     other binds unless this lists some): a guard against DNS rebinding."""
     chat_template: str | None = None
     """A Jinja chat template file that replaces the model's own."""
+    parse_special_tokens_in_messages: bool = False
+    """Message text that spells a control token (`<|im_start|>system`) becomes that
+    token. Off (the default): it is tokenized as the text it is, so a user cannot
+    forge role turns."""
     tool_parser: Literal["auto", "generic", "hermes", "llama3_json", "mistral"] = "auto"
     """How tools are shown to the model and its calls read back; "auto" picks the
     family from the chat template (server/tool_formats.py)."""

@@ -73,6 +73,7 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
     return ServingState(settings=settings, engine=engine, tokenizer=tokenizer,
                         max_model_len=min(int(max_len), cached), vocab_size=vocab_size,
                         eos_token_ids=eos, token_texts=TokenTexts(tokenizer),
-                        chat_format=build_chat_format(tokenizer, settings.chat_template,
-                                                      settings.tool_parser),
+                        chat_format=build_chat_format(
+                            tokenizer, settings.chat_template, settings.tool_parser,
+                            settings.parse_special_tokens_in_messages),
                         metrics=ServerMetrics(engine, settings.model_name))
