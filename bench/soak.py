@@ -20,6 +20,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 
 import httpx
 import psutil
@@ -45,20 +46,23 @@ async def worker(http: httpx.AsyncClient, args, seed: int, stop_at: float, stats
             async with http.stream("POST", url, json=body) as response:
                 if response.status_code != 200:
                     stats["errors"] += 1
+                    stats["error_kinds"][f"HTTP {response.status_code}"] += 1
                     continue
                 chunks = 0
                 async for line in response.aiter_lines():
                     if line.startswith("data: {"):
                         chunks += 1
                         stats["tokens"] += 1
-                        if '"error"' in line:
+                        if line.startswith('data: {"error"'):
                             stats["errors"] += 1
+                            stats["error_kinds"]["in-band"] += 1
                     if hang_up and chunks >= 4:
                         stats["disconnects"] += 1
                         break
             stats["requests"] += 1
-        except httpx.HTTPError:
+        except httpx.HTTPError as error:
             stats["errors"] += 1
+            stats["error_kinds"][type(error).__name__] += 1
 
 
 async def sampler(http: httpx.AsyncClient, args, stop_at: float, stats: dict) -> list[dict]:
@@ -79,7 +83,8 @@ async def sampler(http: httpx.AsyncClient, args, stop_at: float, stats: dict) ->
 
 async def soak(args) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    stats = {"requests": 0, "errors": 0, "disconnects": 0, "tokens": 0}
+    stats = {"requests": 0, "errors": 0, "disconnects": 0, "tokens": 0,
+             "error_kinds": Counter()}
     stop_at = time.monotonic() + args.minutes * 60
     limits = httpx.Limits(max_connections=args.streams + 4)
     async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as http:

@@ -14,6 +14,7 @@ import os
 import sys
 
 from .cli import parse_settings
+from .memory import cap_malloc_arenas
 from .settings import SettingsError
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
               f"set --tp-size {world_size}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    cap_malloc_arenas(settings.malloc_arena_max)    # before the threads start
     try:
         model = load_engine_model(settings)
     except Exception as exc:  # any loader failure: missing file, offline hub, bad weights

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a stream may wait for a client that reads nothing (default 30)")
     add("--max-connections", type=int,
         help="open client connections (default: the file limit less a reserve)")
+    add("--malloc-arena-max", type=int, help="glibc malloc arenas (default 2)")
     add("--drain-timeout", dest="drain_timeout_s", type=float,
         help="seconds in-flight requests may finish after SIGTERM (default 30)")
     add("--log-level", help="critical, error, warning, info or debug")

@@ -90,6 +90,8 @@ class ServerSettings(BaseModel):
     """Open client connections; past it the oldest one still waiting for its request
     is closed, or, when all are busy, the newcomer gets a 503. None: the file limit
     less a reserve."""
+    malloc_arena_max: int | None = Field(2, ge=1)
+    """glibc malloc arenas (server/memory.py); None: glibc's default, 8 per core."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM/SIGINT, how long in-flight requests may run before they are cut."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
