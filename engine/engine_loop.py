@@ -174,6 +174,7 @@ class EngineLoop:
             self.runner.capture_graphs()
 
     def release(self) -> None:
+        self.runner.grammar_masks.close()
         if self.runner.decode_graphs is not None:
             self.runner.decode_graphs.release()
         self.runner.cache.release()

@@ -207,11 +207,6 @@ class GrammarMatcher:
         """(llguidance's EOS ids, the request's) when they differ: the mask drops the
         first and, while the grammar accepts, allows the second (grammar_masks.py)."""
 
-    def fill_mask(self, pointer: int, num_bytes: int) -> None:
-        """Write the allowed-next-token bitmask (bit i of 32-bit word i // 32 for
-        token i) into `num_bytes` of memory at `pointer`."""
-        self._matcher.unsafe_compute_mask_ptr(pointer, num_bytes)
-
     @property
     def llguidance_matcher(self) -> Any:
         """For llguidance's batched mask fill (grammar_masks.py)."""

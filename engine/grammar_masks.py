@@ -92,8 +92,10 @@ class GrammarMasks:
                 _fix_eos(bitmask[row], request.grammar)
 
     def close(self) -> None:
+        """End the helper thread (the manager's destroy)."""
         if self._helper is not None:
             self._helper.shutdown(wait=True)
+            self._helper = self._executor = None
 
 
 def _fix_eos(words: torch.Tensor, matcher: GrammarMatcher) -> None:

@@ -98,19 +98,16 @@ class ReasoningStream:
 def after_thinking(spec: GrammarSpec, opened_by_prompt: bool) -> GrammarSpec:
     """`spec` applied to what follows the think block (free thinking first)."""
     if spec.kind == "lark":
-        body_rules = spec.value.replace("start:", "answer:", 1)
-        answer = "answer"
+        answer = spec.value.replace("start:", "answer:", 1)
+    elif spec.kind == "regex":
+        answer = "answer: /" + spec.value.replace("/", "\\/") + "/\n"
     else:
         schema = {"type": "object"} if spec.kind == "json_object" else spec.value
         schema = json.loads(schema) if isinstance(schema, str) else schema
-        if spec.kind == "regex":
-            pattern = spec.value.replace("/", "\\/")
-            body_rules, answer = f"answer: /{pattern}/\n", "answer"
-        else:
-            compact = {**schema, "x-guidance": {"whitespace_flexible": False}} \
-                if isinstance(schema, dict) else schema
-            body_rules, answer = f"answer: %json {json.dumps(compact)}\n", "answer"
+        compact = {**schema, "x-guidance": {"whitespace_flexible": False}} \
+            if isinstance(schema, dict) else schema
+        answer = f"answer: %json {json.dumps(compact)}\n"
     opener = "" if opened_by_prompt else '"<think>" '
-    return GrammarSpec("lark", f'start: {opener}think /[ \\n]*/ {answer}\n'
-                               f'think[stop="{CLOSE}"]: /(?s:.*)/\n{body_rules}',
+    return GrammarSpec("lark", f'start: {opener}think /[ \\n]*/ answer\n'
+                               f'think[stop="{CLOSE}"]: /(?s:.*)/\n{answer}',
                        closing_hints=(CLOSE,))

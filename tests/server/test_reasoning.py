@@ -36,3 +36,24 @@ def test_prompt_that_leaves_a_block_open():
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")
+
+
+def test_every_grammar_kind_follows_the_thinking(tokenizer):
+    from engine.grammar import GrammarCompiler, GrammarSpec
+    from server.reasoning import after_thinking
+
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    specs = {"json_schema": GrammarSpec("json_schema", {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}),
+             "json_object": GrammarSpec("json_object"),
+             "regex": GrammarSpec("regex", "(yes|no)/maybe"),
+             "lark": GrammarSpec("lark", 'start: "ok"')}
+    answers = {"json_schema": '{"a":3}', "json_object": '{"b":1}', "regex": "no/maybe",
+               "lark": "ok"}
+    for kind, spec in specs.items():
+        matcher = compiler.compile(after_thinking(spec, False)).new_matcher(
+            (tokenizer.eos_token_id,))
+        for token in tokenizer.encode(f"<think>hmm</think>\n{answers[kind]}",
+                                      add_special_tokens=False):
+            matcher.accept(token)
+        assert matcher.error is None and matcher.eos_allowed(), kind
