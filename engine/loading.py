@@ -167,6 +167,45 @@ def gguf_to_hf_dir(path: Path, cache_dir: Path) -> Path:
     return target
 
 
+QUANTIZED_CHECKPOINTS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "bitsandbytes": "bitsandbytes",
+                         "compressed-tensors": "compressed-tensors", "aqlm": "AQLM",
+                         "eetq": "EETQ", "hqq": "HQQ", "quanto": "Quanto",
+                         "fbgemm_fp8": "FBGEMM FP8", "torchao": "torchao", "mxfp4": "MXFP4"}
+"""quantization_config.quant_method values of HF checkpoints whose weights are stored
+in a quantized form the engine does not read -> their names, for the error."""
+
+
+def read_config(model_dir: Path):
+    """The transformers config of a model directory; a model_type transformers does
+    not know is a ModelLoadError naming it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir))
+    except (ValueError, KeyError) as error:
+        try:
+            model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError):
+            model_type = None
+        raise ModelLoadError(f"model_type {model_type!r} in {model_dir} is not one transformers "
+                             f"can load ({error})") from error
+
+
+def check_quantization(config) -> None:
+    """A clear error for HF checkpoints quantized in a form the engine cannot run
+    (GGUF files are read by the engine itself)."""
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is None:
+        return
+    method = (quantization.get("quant_method") if isinstance(quantization, dict)
+              else getattr(quantization, "quant_method", None))
+    method = str(getattr(method, "value", method))
+    raise ModelLoadError(
+        f"this checkpoint is quantized with {QUANTIZED_CHECKPOINTS.get(method, method)}, "
+        "which kvserve does not run: use the unquantized (bf16/fp16/fp32) checkpoint or a "
+        "GGUF file of the model")
+
+
 def read_state_dict(model_dir: Path, progress: bool) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
     from tqdm.auto import tqdm

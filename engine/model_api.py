@@ -204,10 +204,11 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
     each rank uses the GPU of its LOCAL_RANK."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from .loading import parse_dtype, read_state_dict, resolve_model_dir
-    from .models import build_model
+    from .loading import (check_quantization, parse_dtype, read_config, read_state_dict,
+                          resolve_model_dir)
+    from .models import has_own_code
 
     from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
                                          use_int8_weights)
@@ -225,35 +226,71 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     started = time.perf_counter()
     generation_config = None
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
-        config, state = spec.config, spec.state_dict()
+        config, source = spec.config, spec
     else:
         model_dir = resolve_model_dir(str(spec), Path(cache_dir) if cache_dir else None)
-        config = AutoConfig.from_pretrained(str(model_dir))
-        state = read_state_dict(model_dir, progress)
+        config, source = read_config(model_dir), model_dir
         generation_config = _generation_config_from(model_dir, config)
         if tokenizer is None and any((model_dir / name).is_file() for name in (
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if tp_size > 1:
-        module = _build_sharded(config, state, torch_dtype, device, tp_size, cpu_group_timeout)
+    check_quantization(config)
+    if has_own_code(config):
+        state = source.state_dict() if isinstance(source, torch.nn.Module) else \
+            read_state_dict(source, progress)
+        module = _own_family(spec, config, state, torch_dtype, device, cache_dir, tp_size,
+                             cpu_group_timeout, block_kernels)
+        del state
+        if mixed:
+            module = use_bf16_weights(module)
+        if int8:
+            module = use_int8_weights(module)
     else:
-        module = build_model(config, state, torch_dtype, device)
-    if block_kernels and tp_size == 1 and torch_dtype == torch.float32 \
-            and device.type == "cpu" and not isinstance(spec, torch.nn.Module):
-        _use_gguf_blocks(module, str(spec), cache_dir, config)
-    if mixed:
-        module = use_bf16_weights(module)
-    if int8:
-        module = use_int8_weights(module)
+        module = _transformers_family(source, config, mixed or int8, torch_dtype, device, tp_size)
     if kv_cache_dtype != "auto":
         module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
-    if device.type == "cpu" and tp_size == 1:
+    if device.type == "cpu" and tp_size == 1 and has_own_code(config):
         pack_dense_weights(module)
         _use_packed_layers(module, cache_dir)
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return model
+
+
+def _own_family(spec, config, state, dtype: torch.dtype, device: torch.device, cache_dir,
+                tp_size: int, cpu_group_timeout: float | None, block_kernels: bool):
+    """One of our decoder implementations (models/__init__.py's registry), sharded
+    under tensor parallelism, on GGUF blocks where the spec is a GGUF file."""
+    from .models import build_model
+
+    if tp_size > 1:
+        return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
+    module = build_model(config, state, dtype, device)
+    if block_kernels and dtype == torch.float32 and device.type == "cpu" \
+            and not isinstance(spec, torch.nn.Module):
+        _use_gguf_blocks(module, str(spec), cache_dir, config)
+    return module
+
+
+def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,
+                         device: torch.device, tp_size: int):
+    """A family we have no code for, on transformers' modeling code with the paged
+    attention (models/transformers_path.py)."""
+    from .models.transformers_path import load_transformers_model
+
+    if tp_size > 1:
+        raise ValueError(f"model_type {config.model_type!r} runs on transformers' modeling "
+                         "code, which is not sharded: tensor parallelism needs one of "
+                         "our families")
+    if weights_only_dtype:
+        raise ValueError(f"dtypes bf16-weights and int8-weights need one of our families; model_type "
+                         f"{config.model_type!r} runs on transformers' modeling code "
+                         "(use float32, bfloat16 or float16)")
+    module = load_transformers_model(source, dtype, device)
+    logger.info("model_type %r runs on transformers' modeling code with the paged "
+                "attention (no native decode kernels)", config.model_type)
+    return module
 
 
 def _use_packed_layers(module, cache_dir) -> None:

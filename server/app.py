@@ -24,6 +24,7 @@ from .async_engine import AsyncEngine
 from .browser_safety import BrowserSafety
 from .connections import quiet_accept_errors
 from .errors import install_error_handlers
+from .memory import AllocatorTrimmer
 from .request_log import RequestLogMiddleware
 from .routes import api
 from .routes_ops import debug, ops
@@ -100,11 +101,14 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
         # with the interpreter lock held: a pause in every stream).
         gc.collect()
         gc.freeze()
+        trimmer = AllocatorTrimmer(settings.malloc_trim_interval_s)
+        trimmer.start()
         logger.info("serving %s as %r (max_model_len %d tokens)", settings.model,
                     settings.model_name, app.state.serving.max_model_len)
         try:
             yield
         finally:
+            await trimmer.stop()
             await asyncio.to_thread(engine.shutdown)
 
     # the API docs are routes of ours, behind the API key (routes_ops.py); no

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-connections", type=int,
         help="open client connections (default: the file limit less a reserve)")
     add("--malloc-arena-max", type=int, help="glibc malloc arenas (default 2)")
+    add("--malloc-trim-interval", dest="malloc_trim_interval_s", type=float,
+        help="seconds between returns of free heap memory to the system (default 10, 0 = off)")
     add("--drain-timeout", dest="drain_timeout_s", type=float,
         help="seconds in-flight requests may finish after SIGTERM (default 30)")
     add("--log-level", help="critical, error, warning, info or debug")

@@ -92,6 +92,9 @@ class ServerSettings(BaseModel):
     less a reserve."""
     malloc_arena_max: int | None = Field(2, ge=1)
     """glibc malloc arenas (server/memory.py); None: glibc's default, 8 per core."""
+    malloc_trim_interval_s: float = Field(10.0, ge=0)
+    """Seconds between hand-backs of the free memory inside glibc's arenas to the
+    system (malloc_trim, server/memory.py); 0: never."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM/SIGINT, how long in-flight requests may run before they are cut."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -19,6 +19,12 @@ MODEL_REGISTRY = {
 }
 
 
+def has_own_code(config: Any) -> bool:
+    """Whether one of our decoder implementations serves `config.model_type` (others
+    run on transformers' modeling code: transformers_path.py)."""
+    return getattr(config, "model_type", None) in MODEL_REGISTRY
+
+
 def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
                 device: torch.device) -> torch.nn.Module:
     """Instantiate our model class for `config.model_type` and load the weights."""

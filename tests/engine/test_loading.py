@@ -65,11 +65,12 @@ def test_directory_without_config_is_rejected(tmp_path):
         resolve_model_dir(str(tmp_path))
 
 
-def test_unsupported_architecture_is_rejected(tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_an_architecture_the_paged_cache_cannot_serve_is_rejected_by_name(tmp_path):
+    from transformers import MambaConfig, MambaForCausalLM
 
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+    MambaForCausalLM(MambaConfig(num_hidden_layers=1, hidden_size=16, state_size=4,
+                                 vocab_size=50)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type 'mamba'"):
         load_model(tmp_path, progress=False)
 
 
