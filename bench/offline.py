@@ -20,7 +20,7 @@ import time
 import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.loading import resolve_model_dir
+from engine.loading import pretrained_arguments
 
 from .machine import measure
 from .report import write_json
@@ -77,8 +77,9 @@ def _compiled_graphs() -> int:
 def load_reference(spec: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM
 
+    path, where = pretrained_arguments(spec)
     return AutoModelForCausalLM.from_pretrained(
-        str(resolve_model_dir(spec)), dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        path, **where, dtype=dtype, attn_implementation="sdpa").to(device).eval()
 
 
 def run_transformers_cb(reference, prompts, output_len: int) -> tuple[float, int]:

@@ -59,7 +59,7 @@ def write_random_model(path: str, seed: int = 0, family: str = "llama", **overri
 
 def save_tokenizer(spec: str, path: str) -> str:
     """Save the tokenizer of `spec` (a folder holding one, or any model spec the engine
-    loads: the embedded GGUF's comes from its converted folder) to `path`."""
+    loads: a GGUF's comes from its cached config-and-tokenizer folder) to `path`."""
     from transformers import AutoTokenizer
 
     source = Path(spec).expanduser()

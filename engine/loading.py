@@ -9,9 +9,10 @@ Accepted specs:
 - a hub id `org/name` (downloaded when online; a clear error when offline);
 - a transformers PreTrainedModel instance (its config and state dict).
 
-GGUF files are dequantized once through transformers and cached as an HF directory
-(fp32 safetensors + config + tokenizer) under `<cache_dir>/gguf/<key>`, so later
-starts read plain safetensors.
+A GGUF file's weights are read from the file itself at every start
+(models/gguf_checkpoint.py); only its config and tokenizer, which transformers builds
+from the file's metadata in ~10 s, are kept under `<cache_dir>/gguf-metadata/<key>`
+(a few MB: no copy of the weights is written).
 """
 
 from __future__ import annotations
@@ -91,10 +92,11 @@ def resolve_embedded(alias: str, cache_dir: Path | None = None) -> Path:
 
 
 def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
-    """Return a local HF directory for `spec`, converting or downloading as needed."""
+    """Return a local HF directory for `spec`, downloading as needed; for a GGUF file,
+    the directory of its config and tokenizer (gguf_metadata_dir)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec in EMBEDDED_MODELS:
-        return gguf_to_hf_dir(resolve_embedded(spec, cache_dir), cache_dir)
+        return gguf_metadata_dir(resolve_embedded(spec, cache_dir), cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -103,7 +105,7 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist")
-        return gguf_to_hf_dir(path, cache_dir)
+        return gguf_metadata_dir(path, cache_dir)
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelLoadError(f"{spec!r} is not a model directory, a .gguf file, a known alias "
                              f"({', '.join(EMBEDDED_MODELS)}) or a hub id (org/name)")
@@ -136,28 +138,23 @@ def _gguf_cache_key(path: Path) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def gguf_to_hf_dir(path: Path, cache_dir: Path) -> Path:
-    """Dequantize a GGUF file once; later calls return the cached directory."""
-    target = cache_dir / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
-    if (target / "model.safetensors").is_file():
+def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
+    """A directory with the config and tokenizer of a GGUF file (built once, then
+    cached); the weights stay in the file."""
+    target = cache_dir / "gguf-metadata" / f"{path.stem}-{_gguf_cache_key(path)}"
+    if (target / "config.json").is_file():
         return target
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    logger.info("converting %s to safetensors (first start only)", path.name)
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    logger.info("reading the config and tokenizer of %s (first start only)", path.name)
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
-    if hf_model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        save_file(state, str(staging / "model.safetensors"))
-        config = hf_model.config.to_dict()
-        config.pop("quantization_config", None)
-        (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        values = config.to_dict()
+        values.pop("quantization_config", None)
+        (staging / "config.json").write_text(json.dumps(values, indent=2, default=str))
         tokenizer.save_pretrained(str(staging))
         if target.exists():
             shutil.rmtree(target)
@@ -165,6 +162,15 @@ def gguf_to_hf_dir(path: Path, cache_dir: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def pretrained_arguments(spec: str, cache_dir: Path | None = None) -> tuple[str, dict]:
+    """(path, keyword arguments) for transformers' `from_pretrained` to load `spec`
+    itself (references in tests and benchmarks): a GGUF's file, else its directory."""
+    gguf = gguf_source(spec, cache_dir)
+    if gguf is not None:
+        return str(gguf.parent), {"gguf_file": gguf.name}
+    return str(resolve_model_dir(spec, cache_dir)), {}
 
 
 QUANTIZED_CHECKPOINTS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "bitsandbytes": "bitsandbytes",

@@ -206,7 +206,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     each rank uses the GPU of its LOCAL_RANK."""
     from transformers import AutoTokenizer
 
-    from .loading import (check_quantization, parse_dtype, read_config, read_state_dict,
+    from .loading import (check_quantization, gguf_source, parse_dtype, read_config,
                           resolve_model_dir)
     from .models import has_own_code
 
@@ -228,19 +228,18 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
         config, source = spec.config, spec
     else:
-        model_dir = resolve_model_dir(str(spec), Path(cache_dir) if cache_dir else None)
-        config, source = read_config(model_dir), model_dir
+        cache = Path(cache_dir) if cache_dir else None
+        model_dir = resolve_model_dir(str(spec), cache)   # a GGUF's: config and tokenizer
+        config = read_config(model_dir)
+        source = gguf_source(str(spec), cache) or model_dir
         generation_config = _generation_config_from(model_dir, config)
         if tokenizer is None and any((model_dir / name).is_file() for name in (
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     check_quantization(config)
     if has_own_code(config):
-        state = source.state_dict() if isinstance(source, torch.nn.Module) else \
-            read_state_dict(source, progress)
-        module = _own_family(spec, config, state, torch_dtype, device, cache_dir, tp_size,
-                             cpu_group_timeout, block_kernels)
-        del state
+        module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
+                             device, cache_dir, tp_size, cpu_group_timeout, block_kernels)
         if mixed:
             module = use_bf16_weights(module)
         if int8:
@@ -258,18 +257,32 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     return model
 
 
-def _own_family(spec, config, state, dtype: torch.dtype, device: torch.device, cache_dir,
-                tp_size: int, cpu_group_timeout: float | None, block_kernels: bool):
+def _read_weights(source, config, progress: bool) -> tuple[dict, dict]:
+    """(dense state dict under transformers' names, GGUF blocks by the same names) of
+    a model instance, a model directory or a GGUF file (read in place)."""
+    from .loading import read_state_dict
+    from .models.gguf_checkpoint import read_gguf_checkpoint
+
+    if isinstance(source, torch.nn.Module):
+        return source.state_dict(), {}
+    if source.suffix == ".gguf":
+        checkpoint = read_gguf_checkpoint(source, config)
+        return checkpoint.dense, checkpoint.blocks
+    return read_state_dict(source, progress), {}
+
+
+def _own_family(weights: tuple[dict, dict], config, dtype: torch.dtype, device: torch.device,
+                cache_dir, tp_size: int, cpu_group_timeout: float | None, block_kernels: bool):
     """One of our decoder implementations (models/__init__.py's registry), sharded
-    under tensor parallelism, on GGUF blocks where the spec is a GGUF file."""
+    under tensor parallelism; a GGUF's projections on its blocks in float32 on CPU."""
     from .models import build_model
 
+    state, blocks = weights
     if tp_size > 1:
         return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
     module = build_model(config, state, dtype, device)
-    if block_kernels and dtype == torch.float32 and device.type == "cpu" \
-            and not isinstance(spec, torch.nn.Module):
-        _use_gguf_blocks(module, str(spec), cache_dir, config)
+    if blocks and block_kernels and dtype == torch.float32 and device.type == "cpu":
+        _use_blocks(module, blocks, cache_dir)
     return module
 
 
@@ -313,30 +326,22 @@ def _use_packed_layers(module, cache_dir) -> None:
         logger.debug("%d whole-stack paths", len(module.layer_stacks))
 
 
-def _use_gguf_blocks(module, spec: str, cache_dir, config) -> None:
+def _use_blocks(module, blocks: dict, cache_dir) -> None:
     from .kernels import load_native_kernels
-    from .loading import gguf_source
-    from .models.block_weights import use_gguf_blocks
+    from .models.block_weights import use_blocks
     from .models.fast_decode import FastDecodeLayer
 
-    source = gguf_source(spec, Path(cache_dir) if cache_dir else None)
-    if source is None:
-        return
     kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
     if kernels is None:
         return
-    try:
-        installed = use_gguf_blocks(module, source, config, kernels)
-    except ValueError as error:          # a GGUF the block reader cannot read: dense steps
-        logger.warning("decode steps use the dense weights: %s", error)
-        return
+    installed = use_blocks(module, blocks, kernels)
     fast = 0
     for layer in module.layers:
         if hasattr(layer, "fast_decode") and FastDecodeLayer.applies(layer):
             layer.fast_decode = FastDecodeLayer(layer, kernels)
             fast += 1
-    logger.info("decode steps read %d projections from %s's quantized blocks (%d layers "
-                "on the fast decode path)", installed, source.name, fast)
+    logger.info("decode steps read %d projections from the file's quantized blocks (%d "
+                "layers on the fast decode path)", installed, fast)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

@@ -13,16 +13,14 @@ weights, block_panels.c, on AVX2 and AVX-512 builds), accumulating in fp32; larg
 are bound by arithmetic and multiply the dense weight (fp32, or bf16 in dtype
 bf16-weights), packed for oneDNN once at load (packed_linear.py).
 
-`use_gguf_blocks` reads the blocks of every projection (and the LM head) from the
-GGUF file, reorders rows the way transformers' GGUF loader does for q/k (llama.cpp
-stores them permuted for its RoPE layout), and installs a projection only if its
-dequantized blocks equal the loaded fp32 weights bit for bit.
+`use_blocks` installs them on every projection (and the LM head) whose blocks the GGUF
+checkpoint holds (gguf_checkpoint.py, which reorders q/k rows as transformers' GGUF
+loader does and makes the dense weights from the same blocks).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -31,7 +29,6 @@ import torch.nn.functional as F
 from ..kernels.block_layers import gated_mlp
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
-from .gguf_tensors import read_block_tensors
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
 logger = logging.getLogger(__name__)
@@ -194,79 +191,39 @@ def _joined(parts: list[Blocks]) -> list[Blocks]:
     return [run[0] if len(run) == 1 else concat(run) for run in runs]
 
 
-def _read_gguf(path: Path) -> dict[str, Blocks]:
-    return {tensor.name: parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
-            for tensor in read_block_tensors(path)}
+_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "self_attn.o_proj": ("self_attn.o_proj",),
+                "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+                "mlp.down_proj": ("mlp.down_proj",)}
+"""Our fused projections -> the transformers parameters they join, in row order."""
 
 
-def _unpermute(blocks: Blocks, num_heads: int) -> Blocks:
-    """Rows reordered as transformers' GGUF loader reorders q/k weights."""
-    index = torch.arange(blocks.codes.shape[0])
-    dim = index.shape[0] // num_heads // 2
-    return blocks.rows(index.reshape(num_heads, dim, 2).swapaxes(2, 1).reshape(-1))
-
-
-def _matching(weight: torch.Tensor, candidates: list[Blocks]) -> Blocks | None:
-    for blocks in candidates:
-        values = blocks.dequantize()
-        if values.shape == weight.shape and torch.equal(values, weight):
-            return blocks
-    return None
-
-
-_PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
-                "self_attn.o_proj": ("attn_output",), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
-                "mlp.down_proj": ("ffn_down",)}
-
-
-def use_gguf_blocks(model: nn.Module, gguf_path: Path, config, kernels) -> int:
-    """Give `model` BlockLinear projections (and LM head) wherever the GGUF file holds
-    matching blocks (block_formats.py's types); returns how many were installed."""
-    tensors = _read_gguf(gguf_path)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels) -> int:
+    """Give `model` BlockLinear projections (and LM head) wherever `blocks` (a GGUF
+    checkpoint's, under transformers' names: gguf_checkpoint.py) holds every part;
+    the model's dense weights are those blocks dequantized. Returns how many were
+    installed."""
     installed = 0
     for i, layer in enumerate(model.layers):
         for name, parts in _PROJECTIONS.items():
             parent_name, attr = name.split(".")
             parent = getattr(layer, parent_name)
             linear = getattr(parent, attr)
-            found = [tensors.get(f"blk.{i}.{part}.weight") for part in parts]
+            found = [blocks.get(f"model.layers.{i}.{part}.weight") for part in parts]
             if not isinstance(linear, nn.Linear) or any(b is None for b in found):
                 continue
-            options = [[b] for b in found]
-            if parts[0] == "attn_q":      # permuted or not, whichever matches exactly
-                options[0].append(_unpermute(found[0], heads))
-                options[1].append(_unpermute(found[1], kv_heads))
-            chosen = _split_match(linear.weight.data, options)
-            if chosen is not None:
-                setattr(parent, attr, BlockLinear(linear, linear.weight, chosen, kernels))
-                installed += 1
+            if sum(b.codes.shape[0] for b in found) != linear.out_features:
+                raise ValueError(f"layer {i} {name}: blocks of {[b.codes.shape[0] for b in found]} "
+                                 f"rows for {linear.out_features} outputs")
+            setattr(parent, attr, BlockLinear(linear, linear.weight, found, kernels))
+            installed += 1
     for layer in model.layers:
         if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
             layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels,
                                             FUSED_ACTIVATIONS[layer.mlp.act_name])
-    installed += _lm_head_blocks(model, tensors, kernels)
+    head = blocks.get("model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight")
+    if head is not None:
+        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        model.block_lm_head = BlockLinear(None, weight, head, kernels)
+        installed += 1
     return installed
-
-
-def _split_match(weight: torch.Tensor, options: list[list[Blocks]]) -> list[Blocks] | None:
-    """Per part of a fused weight, the candidate whose dequantized rows equal it."""
-    chosen, row = [], 0
-    for candidates in options:
-        size = candidates[0].codes.shape[0]
-        match = _matching(weight[row:row + size], candidates)
-        if match is None:
-            return None
-        chosen.append(match)
-        row += size
-    return chosen if row == weight.shape[0] else None
-
-
-def _lm_head_blocks(model: nn.Module, tensors: dict[str, Blocks], kernels) -> int:
-    weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    source = tensors.get("token_embd.weight" if model.lm_head is None else "output.weight")
-    if source is None or _matching(weight.data, [source]) is None:
-        return 0
-    model.block_lm_head = BlockLinear(None, weight, source, kernels)
-    return 1

@@ -2,9 +2,10 @@
 
 gguf-py's GGUFReader builds a numpy view for every part of every metadata value: the
 default model's tokenizer (49,152 tokens, 48,900 merges) alone makes ~250k views, 3.6
-of the 4.7 s its load took. The block kernels need only the tensors' names, shapes,
-types and bytes, so this reader walks the metadata with `struct` (each value's size is
-read, not its contents) to reach the tensor table. GGUF v2/v3 layout:
+of the 4.7 s its load took. The weights need only the tensors' names, shapes, types
+and bytes (and the file's architecture, which names its tensor processing), so this
+reader walks the metadata with `struct` (each value's size is read, not its contents,
+but for `general.architecture`) to reach the tensor table. GGUF v2/v3 layout:
 
     "GGUF" | version u32 | tensor_count u64 | kv_count u64
     kv_count x (key: string, value_type u32, value)        string = length u64 + bytes
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """Bytes of each fixed-size metadata value type (8 is a string, 9 an array)."""
@@ -36,8 +38,16 @@ GGML_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: 
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
-    kind: str           # a GGML_TYPES name: "Q4_1", "Q8_0", "Q4_K", ...
+    kind: str | None    # a GGML_TYPES name ("Q4_1", "Q8_0", "Q4_K", ...); None: another type
+    ggml_type: int      # the file's type id (gguf.GGMLQuantizationType)
+    shape: tuple[int, ...]   # torch order: the row length last (the file's dims reversed)
     data: np.ndarray    # [rows, bytes per row] uint8, a view of the mapped file
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    architecture: str   # general.architecture: "llama", "qwen2", "gemma3", ...
+    tensors: list[GGUFTensor]
 
 
 class _Cursor:
@@ -70,9 +80,14 @@ class _Cursor:
 
 
 def read_block_tensors(path: Path) -> list[GGUFTensor]:
-    """The file's tensors of GGML_TYPES (others are skipped), as views of the mapped
-    file (copy what must outlive it). ValueError for a file this reader cannot read
-    (not GGUF v2/v3 little-endian, truncated)."""
+    """The file's tensors of GGML_TYPES (others are skipped): see read_gguf_file."""
+    return [tensor for tensor in read_gguf_file(path).tensors if tensor.kind is not None]
+
+
+def read_gguf_file(path: Path) -> GGUFFile:
+    """The file's architecture and tensors, as views of the mapped file (the mapping
+    lives as long as a view does). ValueError for a file this reader cannot read (not
+    GGUF v2/v3 little-endian, truncated, a tensor type gguf-py does not know)."""
     with open(path, "rb") as file:
         buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     try:
@@ -81,16 +96,18 @@ def read_block_tensors(path: Path) -> list[GGUFTensor]:
         raise ValueError(f"{path}: malformed GGUF ({error})") from error
 
 
-def _read(path: Path, buffer) -> list[GGUFTensor]:
+def _read(path: Path, buffer) -> GGUFFile:
     cursor = _Cursor(buffer)
     magic, version, tensor_count, kv_count = cursor.take("4sIQQ")
     if magic != b"GGUF" or version not in (2, 3):     # a big-endian file reads as 2**24+
         raise ValueError(f"{path} is not a little-endian GGUF v2/v3 file")
-    alignment = 32
+    alignment, architecture = 32, ""
     for _ in range(kv_count):
         key, value_type = cursor.string(), cursor.take("I")
         if key == "general.alignment" and value_type == _UINT32:
             alignment = cursor.take("I")
+        elif key == "general.architecture" and value_type == _STRING:
+            architecture = cursor.string()
         else:
             cursor.skip_value(value_type)
     table = []
@@ -104,14 +121,13 @@ def _read(path: Path, buffer) -> list[GGUFTensor]:
     whole = np.frombuffer(buffer, dtype=np.uint8)
     tensors = []
     for name, dims, ggml_type, offset in table:
-        if ggml_type not in GGML_TYPES:
-            continue
-        kind, per_block, block_bytes = GGML_TYPES[ggml_type]
+        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // per_block * block_bytes
         start = data_start + offset
         if start + rows * row_bytes > whole.shape[0]:
             raise ValueError(f"{path}: tensor {name} runs past the end of the file")
-        tensors.append(GGUFTensor(name, kind, whole[start:start + rows * row_bytes]
-                                  .reshape(rows, row_bytes)))
-    return tensors
+        kind = GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else None
+        tensors.append(GGUFTensor(name, kind, ggml_type, tuple(reversed(dims)),
+                                  whole[start:start + rows * row_bytes].reshape(rows, row_bytes)))
+    return GGUFFile(architecture, tensors)

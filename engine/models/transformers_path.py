@@ -246,8 +246,9 @@ class TransformersCausalLM(nn.Module):
 
 def load_transformers_model(source: Any, dtype: torch.dtype,
                             device: torch.device) -> TransformersCausalLM:
-    """`source`: a model directory, or a transformers PreTrainedModel (copied, so the
-    caller's model keeps its own attention implementation)."""
+    """`source`: a model directory, a GGUF file (transformers dequantizes it), or a
+    transformers PreTrainedModel (copied, so the caller's model keeps its own
+    attention implementation)."""
     import copy
 
     from transformers import AutoModelForCausalLM
@@ -258,9 +259,11 @@ def load_transformers_model(source: Any, dtype: torch.dtype,
         hf_model = copy.deepcopy(source).to(device=device, dtype=dtype)
         hf_model.set_attn_implementation(ATTENTION_NAME)
     else:
+        where = {"pretrained_model_name_or_path": str(source)} if source.suffix != ".gguf" \
+            else {"pretrained_model_name_or_path": str(source.parent), "gguf_file": source.name}
         try:
             hf_model = AutoModelForCausalLM.from_pretrained(
-                str(source), dtype=dtype, attn_implementation=ATTENTION_NAME).to(device)
+                **where, dtype=dtype, attn_implementation=ATTENTION_NAME).to(device)
         except (ValueError, KeyError) as error:   # no causal-LM class for this config
             raise UnsupportedModelError(f"transformers cannot load {source} as a causal LM: "
                                         f"{error}") from error

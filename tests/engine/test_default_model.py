@@ -59,8 +59,10 @@ def test_default_model_metadata(default_model):
     assert default_model.generation_config.eos_token_id == default_model.tokenizer.eos_token_id
 
 
-def test_gguf_path_and_alias_share_the_converted_cache():
+def test_gguf_path_and_alias_share_the_metadata_cache_and_no_weights_are_copied():
     path = resolve_embedded("smollm2-135m-instruct")
     cached = resolve_model_dir(str(path))
     assert cached == resolve_model_dir("smollm2-135m-instruct")
-    assert (cached / "model.safetensors").is_file() and (cached / "config.json").is_file()
+    assert (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file()
+    written = sum(f.stat().st_size for f in cached.rglob("*") if f.is_file())
+    assert written < path.stat().st_size / 10, written       # config and tokenizer only

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.loading import resolve_model_dir
+from engine.loading import pretrained_arguments
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,9 @@ def test_greedy_beyond_the_window_matches_transformers(gemma):
     outputs = model.generate_batch(
         [prompt, prompt[:300]], GenerationConfig(max_new_tokens=NEW_TOKENS, eos_token_id=[]),
         ContinuousBatchingConfig(page_size=64, max_batch_tokens=256))
-    # transformers on the same dequantized weights (the engine's converted copy)
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(resolve_model_dir("gemma3-270m")), dtype=torch.float32).eval()
+    # transformers on the same file, dequantized by its own GGUF loader
+    path, where = pretrained_arguments("gemma3-270m")
+    reference = AutoModelForCausalLM.from_pretrained(path, **where, dtype=torch.float32).eval()
     for ids, output in zip([prompt, prompt[:300]], outputs.values()):
         tensor = torch.tensor([ids])
         with torch.inference_mode():

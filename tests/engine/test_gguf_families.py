@@ -122,3 +122,31 @@ def test_gemma3_in_bf16_weights_keeps_short_steps_on_the_blocks(tmp_path):
 def test_a_gguf_model_decodes_like_the_dense_path(family, family_path):
     dense = load_model(str(family_path), progress=False, block_kernels=False)
     assert_blocks_decode_like_dense(family, dense, max_new_tokens=16)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_the_files_weights_are_read_as_transformers_reads_them(name, tmp_path):
+    """models/gguf_checkpoint.py reads the file in place: every parameter equals,
+    bit for bit, what transformers' own GGUF loader makes of the same file (q and k
+    rows un-permuted for Llama, Gemma's norms less one), and the blocks dequantize
+    to the dense values."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.loading import resolve_embedded
+    from engine.models.gguf_checkpoint import read_gguf_checkpoint
+
+    path = resolve_embedded("smollm2-135m-instruct") if name == "llama" else tmp_path / "m.gguf"
+    if name != "llama":
+        write_family(name, path)
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                  dtype=torch.float32).state_dict()
+    ours = read_gguf_checkpoint(path, config)
+    if config.tie_word_embeddings:
+        theirs.pop("lm_head.weight")
+    assert sorted(ours.dense) == sorted(theirs)
+    unequal = [k for k, v in theirs.items() if not torch.equal(ours.dense[k], v)]
+    assert not unequal, unequal[:4]
+    assert any(".q_proj." in k for k in ours.blocks) and any(".down_proj." in k for k in ours.blocks)
+    for key, blocks in ours.blocks.items():
+        assert torch.equal(blocks.dequantize().reshape(theirs[key].shape), theirs[key]), key
