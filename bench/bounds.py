@@ -56,10 +56,11 @@ def _bytes_read(module: nn.Module, rows: int, on_stack: bool = False) -> int:
     return module.weight.numel() * module.weight.element_size()
 
 
-def _head(model: nn.Module) -> tuple[nn.Module | None, torch.Tensor]:
-    """The LM head module in use (None: a plain matmul on `weight`) and its weight."""
-    weight = model.embed_tokens.weight if getattr(model, "lm_head", None) is None \
-        else model.lm_head.weight
+def _head(model: nn.Module) -> tuple[nn.Module | None, torch.Tensor | None]:
+    """The LM head module in use (None: a plain matmul on `weight`) and its dense
+    weight (None where the model holds the head as blocks only)."""
+    table = model.embed_tokens if getattr(model, "lm_head", None) is None else model.lm_head
+    weight = table.weight if isinstance(table, (nn.Embedding, nn.Linear)) else None
     for name in HEADS:
         head = getattr(model, name, None)
         if head is not None:
@@ -78,7 +79,7 @@ def weight_bytes_per_step(model: nn.Module, rows: int) -> int:
         exact = head.exact_head
         if exact is not None and rows <= exact.max_rows:
             return total + _bytes_read(exact, rows)
-        return total + weight.numel() * 2
+        return total + head.weight.numel() * 2
     if head is not None:
         return total + _bytes_read(head, rows)
     return total + weight.numel() * weight.element_size()
@@ -88,4 +89,6 @@ def matmul_flops_per_row(model: nn.Module) -> int:
     """2 FLOPs per weight of every projection and the LM head, per row."""
     weights = sum(out * inp for m in model.layers.modules()
                   if (shape := _shape(m)) is not None for out, inp in [shape])
-    return 2 * (weights + _head(model)[1].numel())
+    head, weight = _head(model)
+    vocab, hidden = _shape(head) if isinstance(head, BlockLinear) else weight.shape
+    return 2 * (weights + vocab * hidden)

@@ -239,7 +239,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     check_quantization(config)
     if has_own_code(config):
         module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
-                             device, cache_dir, tp_size, cpu_group_timeout, block_kernels)
+                             device, cache_dir, tp_size, cpu_group_timeout, block_kernels,
+                             keep_dense=mixed)
         if mixed:
             module = use_bf16_weights(module)
         if int8:
@@ -257,32 +258,44 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     return model
 
 
-def _read_weights(source, config, progress: bool) -> tuple[dict, dict]:
-    """(dense state dict under transformers' names, GGUF blocks by the same names) of
-    a model instance, a model directory or a GGUF file (read in place)."""
+def _read_weights(source, config, progress: bool):
+    """The dense state dict (transformers' names) of a model instance or directory,
+    or the GGUFCheckpoint of a GGUF file (read in place)."""
     from .loading import read_state_dict
     from .models.gguf_checkpoint import read_gguf_checkpoint
 
     if isinstance(source, torch.nn.Module):
-        return source.state_dict(), {}
+        return source.state_dict()
     if source.suffix == ".gguf":
-        checkpoint = read_gguf_checkpoint(source, config)
-        return checkpoint.dense, checkpoint.blocks
-    return read_state_dict(source, progress), {}
+        return read_gguf_checkpoint(source, config)
+    return read_state_dict(source, progress)
 
 
-def _own_family(weights: tuple[dict, dict], config, dtype: torch.dtype, device: torch.device,
-                cache_dir, tp_size: int, cpu_group_timeout: float | None, block_kernels: bool):
+def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache_dir,
+                tp_size: int, cpu_group_timeout: float | None, block_kernels: bool,
+                keep_dense: bool):
     """One of our decoder implementations (models/__init__.py's registry), sharded
-    under tensor parallelism; a GGUF's projections on its blocks in float32 on CPU."""
+    under tensor parallelism. A GGUF's projections run on its blocks in float32 on
+    CPU, with no dense copy where the blocks serve every step size (unless
+    `keep_dense`: bf16-weights makes its bf16 weights from the dense ones)."""
     from .models import build_model
+    from .models.block_weights import use_blocks
+    from .models.gguf_checkpoint import GGUFCheckpoint
 
-    state, blocks = weights
+    gguf = weights if isinstance(weights, GGUFCheckpoint) else None
+    kernels = None
+    if gguf is not None and block_kernels and tp_size == 1 and dtype == torch.float32 \
+            and device.type == "cpu":
+        from .kernels import load_native_kernels
+        kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
+    state = weights if gguf is None else gguf.dense if kernels is not None else gguf.dense_state()
     if tp_size > 1:
         return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
-    module = build_model(config, state, dtype, device)
-    if blocks and block_kernels and dtype == torch.float32 and device.type == "cpu":
-        _use_blocks(module, blocks, cache_dir)
+    if kernels is None:
+        return build_model(config, state, dtype, device)
+    module = build_model(config, state, dtype, device, prepare=lambda model: gguf.dense_state(
+        skip=use_blocks(model, gguf.blocks, kernels, dense_loaded=keep_dense)))
+    _use_fast_decode(module, kernels)
     return module
 
 
@@ -326,22 +339,21 @@ def _use_packed_layers(module, cache_dir) -> None:
         logger.debug("%d whole-stack paths", len(module.layer_stacks))
 
 
-def _use_blocks(module, blocks: dict, cache_dir) -> None:
-    from .kernels import load_native_kernels
-    from .models.block_weights import use_blocks
+def _use_fast_decode(module, kernels) -> None:
+    """Layers whose projections all run on blocks take decode steps as two native calls
+    (models/fast_decode.py)."""
+    from .models.block_weights import BlockLinear
     from .models.fast_decode import FastDecodeLayer
 
-    kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    if kernels is None:
-        return
-    installed = use_blocks(module, blocks, kernels)
     fast = 0
     for layer in module.layers:
         if hasattr(layer, "fast_decode") and FastDecodeLayer.applies(layer):
             layer.fast_decode = FastDecodeLayer(layer, kernels)
             fast += 1
-    logger.info("decode steps read %d projections from the file's quantized blocks (%d "
-                "layers on the fast decode path)", installed, fast)
+    on_blocks = [m for m in module.modules() if isinstance(m, BlockLinear)]
+    logger.info("%d projections run on the file's quantized blocks, %d of them with no dense "
+                "copy (%d layers on the fast decode path)", len(on_blocks),
+                sum(m.weight is None for m in on_blocks), fast)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

@@ -17,7 +17,7 @@ from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots, kv_cache_dtype
 from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
-from .models.block_weights import BlockLinear
+from .models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
 from .requests import RequestState
 from .sampling import PendingSample, SampleResult, Sampler, on_device
 from .scheduler import ScheduledBatch
@@ -77,7 +77,7 @@ class ModelRunner:
             # steps on the block kernels leave the other cores to the kernel's helpers;
             # larger ones run the packed dense matmuls, on every thread (bf16-weights'
             # 6-8 row steps: 21-25 ms on two threads against ~31 on one)
-            self.small_step_tokens = max(kernel_rows)
+            self.small_step_tokens = min(max(kernel_rows), PANEL_KERNEL_ROWS)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
                              and self.native_kernels.vector_attention(model.head_dim))

@@ -3,7 +3,7 @@ one from a transformers config."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,8 +26,12 @@ def has_own_code(config: Any) -> bool:
 
 
 def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device) -> torch.nn.Module:
-    """Instantiate our model class for `config.model_type` and load the weights."""
+                device: torch.device,
+                prepare: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None
+                ) -> torch.nn.Module:
+    """Instantiate our model class for `config.model_type` and load the weights.
+    `prepare(model)`, called before loading (the parameters allocated, not written),
+    may swap modules and returns the state dict to load instead of `state_dict`."""
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_REGISTRY:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
@@ -35,6 +39,6 @@ def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
     with torch.device("meta"):  # no random init: every weight comes from the checkpoint
         model = MODEL_REGISTRY[model_type](config)
     model = model.to_empty(device=device).to(dtype=dtype)
-    model.load_hf_state_dict(state_dict)
+    model.load_hf_state_dict(state_dict if prepare is None else prepare(model))
     model.reset_buffers(device)  # buffers are not in the checkpoint; rebuild in fp32
     return model.eval()

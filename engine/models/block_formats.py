@@ -63,6 +63,12 @@ class Blocks:
     scales: torch.Tensor       # [N, K/32] fp32 ([N, K/16] for Q8_16)
     minima: torch.Tensor | None  # Q4_1, Q5_1: [N, K/32] fp32
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows N, row length K) of the weight the blocks hold."""
+        group = 16 if self.kind == "Q8_16" else BLOCK
+        return self.codes.shape[0], self.scales.shape[1] * group
+
     def rows(self, index: torch.Tensor) -> "Blocks":
         return Blocks(self.kind, self.codes[index], self.scales[index],
                       None if self.minima is None else self.minima[index])

@@ -21,6 +21,7 @@ loader does and makes the dense weights from the same blocks).
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -64,21 +65,25 @@ ms, 3 rows 15.9-17.3 vs 14.8-16.2, 4 rows 17.8-19.3 vs 14.4-15.1, 5 rows 22.1-26
 
 class BlockLinear(nn.Module):
     """An nn.Linear that also holds its weight as blocks: steps of at most
-    `max_rows` fp32 rows use the block kernels, others the dense weight.
+    `max_rows` fp32 rows use the block kernels, others the dense weight. Without a
+    dense weight (`weight` None: blocks_serve_every_step) every fp32 CPU step runs on
+    the blocks, and anything else (another dtype or device, a traced step) multiplies
+    the blocks dequantized for that call.
 
     `blocks` may list the parts of a fused weight in row order (q, k, v): parts of one
     kernel form are joined, and where forms differ (a Q4_K_M file's Q4_K q and k
     beside a Q6_K v) `kind` is "mixed" and each part's kernel writes its own columns
     of the output (`parts`; `codes`, `scales`, `minima` are then None)."""
 
-    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor,
+    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor | None,
                  blocks: Blocks | list[Blocks], kernels) -> None:
         super().__init__()
-        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(
-            weight, requires_grad=False)
-        self.out_features, self.in_features = weight.shape
-        self.bias = None if linear is None else linear.bias
         parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
+        self.weight = weight if weight is None or isinstance(weight, nn.Parameter) else \
+            nn.Parameter(weight, requires_grad=False)
+        self.out_features = sum(part.shape[0] for part in parts)
+        self.in_features = parts[0].shape[1]
+        self.bias = None if linear is None else linear.bias
         single = parts[0] if len(parts) == 1 else None
         self.kind = "mixed" if single is None else single.kind
         for name in ("codes", "scales", "minima"):
@@ -92,6 +97,10 @@ class BlockLinear(nn.Module):
         self.max_rows = kernel_rows(kernels)
         if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
+        if weight is None:
+            if not blocks_serve_every_step(parts, kernels):
+                raise ValueError("these blocks need a dense weight for large steps")
+            self.max_rows = sys.maxsize
         """Steps of more rows use the dense weight."""
         self.packed = None
         """The dense weight packed for oneDNN (pack_dense), which then replaces `weight`."""
@@ -121,14 +130,19 @@ class BlockLinear(nn.Module):
         """Steps too large for the block kernel multiply a bf16 copy of the weight
         (input rounded to bf16, fp32 accumulation and output): ~2.5x fp32's rate at
         64+ rows on AVX-512 BF16, at bf16's rounding. Small steps stay exact."""
-        self.weight = nn.Parameter(self.weight.detach().to(torch.bfloat16), requires_grad=False)
+        dense = self.weight.detach() if self.weight is not None else torch.cat(
+            [part.dequantize() for part in self.parts])
+        self.weight = nn.Parameter(dense.to(torch.bfloat16), requires_grad=False)
         self.max_rows = BF16_KERNEL_ROWS
 
     def pack_dense(self) -> bool:
         """Pack the dense weight for oneDNN and drop the unpacked one (packed_linear.py)."""
-        return pack_in_place(self, "weight")
+        return self.weight is not None and pack_in_place(self, "weight")
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None and self.packed is None:      # blocks only: dequantize now
+            weight = torch.cat([part.dequantize() for part in self.parts]).to(x.dtype)
+            return F.linear(x, weight, None if self.bias is None else self.bias.to(x.dtype))
         if self.packed is not None:
             y = packed_linear(x.to(self.packed.dtype), self.packed, x.dtype)
             return y if self.bias is None else y + self.bias
@@ -174,6 +188,15 @@ class FusedBlockMLP:
         return None if activated is None else packed_linear(activated, down, x.dtype)
 
 
+def blocks_serve_every_step(parts: list[Blocks], kernels) -> bool:
+    """Whether the kernels multiply these blocks at any row count (the panels of AVX2
+    and AVX-512 builds; Q5_1 has no panels), so no dense copy is needed. At 512 rows
+    the panels run even with oneDNN's packed fp32 matmul on AVX-512 (PANEL_KERNEL_ROWS);
+    on AVX2, prefill chunks of a thousand rows are ~1.4x slower than dense, the price
+    of holding 5-10 bits per weight instead of 32."""
+    return kernels.block_lanes in (8, 16) and all(part.kind != "Q5_1" for part in parts)
+
+
 def kernel_rows(kernels) -> int:
     """Up to how many fp32 rows a step runs on the block kernels of this build: the
     vector builds (AVX2: 8 lanes, AVX-512: 16) have panels for large steps."""
@@ -198,32 +221,69 @@ _PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "
 """Our fused projections -> the transformers parameters they join, in row order."""
 
 
-def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels) -> int:
+class BlockEmbedding(nn.Module):
+    """An embedding table kept as blocks: each step dequantizes just the rows it looks
+    up ([T] ids -> [T, hidden] fp32, the values the dense table would hold)."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self.num_embeddings, self.embedding_dim = blocks.shape
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)
+        rows = self.blocks.rows(flat).dequantize()
+        return rows.view(*input_ids.shape, self.embedding_dim)
+
+
+def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
+               dense_loaded: bool = True) -> set[str]:
     """Give `model` BlockLinear projections (and LM head) wherever `blocks` (a GGUF
-    checkpoint's, under transformers' names: gguf_checkpoint.py) holds every part;
-    the model's dense weights are those blocks dequantized. Returns how many were
-    installed."""
-    installed = 0
+    checkpoint's, under transformers' names: gguf_checkpoint.py) holds every part.
+    `dense_loaded` False (a GGUF read in place, called before the dense weights are
+    loaded): a weight whose blocks serve every step (blocks_serve_every_step) keeps no
+    dense copy, the embedding table included (BlockEmbedding). Returns the names of
+    the weights that need no dense value; every other one is still to be loaded (a
+    BlockLinear shares its projection's dense parameter)."""
+    served: set[str] = set()
+
+    def blocks_only(parts: list[Blocks]) -> bool:
+        return not dense_loaded and blocks_serve_every_step(_joined(parts), kernels)
+
     for i, layer in enumerate(model.layers):
         for name, parts in _PROJECTIONS.items():
             parent_name, attr = name.split(".")
             parent = getattr(layer, parent_name)
             linear = getattr(parent, attr)
-            found = [blocks.get(f"model.layers.{i}.{part}.weight") for part in parts]
+            names = [f"model.layers.{i}.{part}.weight" for part in parts]
+            found = [blocks.get(n) for n in names]
             if not isinstance(linear, nn.Linear) or any(b is None for b in found):
                 continue
-            if sum(b.codes.shape[0] for b in found) != linear.out_features:
-                raise ValueError(f"layer {i} {name}: blocks of {[b.codes.shape[0] for b in found]} "
+            if sum(b.shape[0] for b in found) != linear.out_features:
+                raise ValueError(f"layer {i} {name}: blocks of {[b.shape[0] for b in found]} "
                                  f"rows for {linear.out_features} outputs")
-            setattr(parent, attr, BlockLinear(linear, linear.weight, found, kernels))
-            installed += 1
+            only = blocks_only(found)
+            setattr(parent, attr, BlockLinear(linear, None if only else linear.weight, found,
+                                              kernels))
+            served.update(names if only else ())
     for layer in model.layers:
         if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
             layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels,
                                             FUSED_ACTIVATIONS[layer.mlp.act_name])
-    head = blocks.get("model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight")
-    if head is not None:
-        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-        model.block_lm_head = BlockLinear(None, weight, head, kernels)
-        installed += 1
-    return installed
+    embedding = blocks.get("model.embed_tokens.weight")
+    if embedding is not None and blocks_only([embedding]):
+        model.embed_tokens = BlockEmbedding(embedding)
+        served.add("model.embed_tokens.weight")
+    tied = model.lm_head is None
+    head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
+    if head is None:
+        return served
+    if tied:
+        dense = None if isinstance(model.embed_tokens, BlockEmbedding) else model.embed_tokens.weight
+        model.block_lm_head = BlockLinear(None, dense, head, kernels)
+    elif blocks_only([head]):
+        model.lm_head = model.block_lm_head = BlockLinear(None, None, head, kernels)
+        served.add("lm_head.weight")
+    else:
+        model.block_lm_head = BlockLinear(None, model.lm_head.weight, head, kernels)
+    return served

@@ -9,9 +9,9 @@ processor (llama.cpp stores Llama's q and k rows permuted for its RoPE layout, G
 norms as 1 + weight). Then:
 
 - tensors of a type the block kernels read (block_formats.py) become `Blocks`, with
-  the processor's row order applied to the blocks' rows; their dense values are the
-  blocks dequantized, which equal gguf-py's dequantization bit for bit
-  (block_formats.py);
+  the processor's row order applied to the blocks' rows; a dense value is made only
+  for a weight the model needs dense (`dense_state`): the blocks dequantized, which
+  equal gguf-py's dequantization bit for bit (block_formats.py);
 - every other tensor (F32 norms, F16 or BF16 weights, K types the kernels do not
   read) is dequantized by gguf-py and processed as transformers processes it.
 
@@ -36,10 +36,21 @@ from .gguf_tensors import GGUFTensor, read_gguf_file
 @dataclass
 class GGUFCheckpoint:
     dense: dict[str, torch.Tensor]
-    """transformers name -> fp32 tensor (a parameter's full value)."""
+    """transformers name -> fp32 tensor, for the tensors not held as blocks."""
     blocks: dict[str, Blocks] = field(default_factory=dict)
-    """transformers name -> the same weight as kernel blocks, for the tensors the block
-    kernels read (projections, embeddings, LM head)."""
+    """transformers name -> the weight as kernel blocks, for the tensors of a type the
+    block kernels read (projections, embeddings, LM head)."""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """transformers name -> the tensor's shape, for the blocks."""
+
+    def dense_state(self, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """Every tensor as a dense fp32 value (blocks dequantized: gguf-py's values bit
+        for bit) but those in `skip`, which the model serves from their blocks."""
+        state = dict(self.dense)
+        for name, blocks in self.blocks.items():
+            if name not in skip:
+                state[name] = blocks.dequantize().reshape(self.shapes[name])
+        return state
 
 
 def _processing(architecture: str, config: Any):
@@ -111,5 +122,5 @@ def read_gguf_checkpoint(path: Path, config: Any) -> GGUFCheckpoint:
         if not torch.equal(order, torch.arange(order.shape[0])):
             blocks = blocks.rows(order)
         checkpoint.blocks[name] = blocks
-        checkpoint.dense[name] = blocks.dequantize().reshape(tensor.shape)
+        checkpoint.shapes[name] = tensor.shape
     return checkpoint

@@ -43,13 +43,16 @@ def test_compare_loop_times_the_layer_loop_beside_the_stacks(tiny_models, tmp_pa
 
 def test_weight_bytes_follow_the_path_a_step_takes():
     """The default model's 1-row step reads the GGUF blocks (~5 and ~9 bits per
-    weight), a step past the kernels' rows the packed fp32 weights: about 4-6x the
-    bytes."""
+    weight). On builds with panels the model keeps no dense copy, so a step past the
+    row kernels' crossover reads the same blocks; elsewhere it reads the packed fp32
+    weights, about 4-6x the bytes."""
     from bench.bounds import matmul_flops_per_row, weight_bytes_per_step
     from engine import load_model
 
     module = load_model("smollm2-135m-instruct", progress=False).module
     large_step = block_kernel_rows() + 1
     small, large = weight_bytes_per_step(module, 1), weight_bytes_per_step(module, large_step)
-    assert 60e6 < small < 130e6 and 3.5 < large / small < 6.5
+    panels = block_kernel_rows() > 12
+    assert 60e6 < small < 130e6
+    assert large == small if panels else 3.5 < large / small < 6.5
     assert 2 * 130e6 < matmul_flops_per_row(module) < 2 * 140e6
