@@ -7,6 +7,8 @@ Accepted specs:
 - a local HF directory (config.json + *.safetensors + tokenizer files);
 - a `.gguf` file;
 - a hub id `org/name` (downloaded when online; a clear error when offline);
+- one GGUF file of a hub repository, `org/name:FILE.gguf` (downloaded once, with a
+  progress bar);
 - a transformers PreTrainedModel instance (its config and state dict).
 
 A GGUF file's weights are read from the file itself at every start
@@ -25,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -91,12 +94,35 @@ def resolve_embedded(alias: str, cache_dir: Path | None = None) -> Path:
     return path
 
 
+HUB_GGUF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+):(?P<file>[^:]+\.gguf)$")
+"""`org/repo:FILE.gguf`: one GGUF file of a hub repository."""
+
+
+def download_hub_gguf(spec: str) -> Path | None:
+    """The local copy of the GGUF file `spec` names (`org/repo:FILE.gguf`),
+    downloaded once with a progress bar (huggingface_hub's cache), else None for other
+    specs."""
+    match = HUB_GGUF.match(spec)
+    if match is None:
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+        return Path(hf_hub_download(match["repo"], match["file"]))
+    except Exception as error:  # offline, unknown repo or file, no permission
+        raise ModelLoadError(
+            f"could not download {match['file']!r} from {match['repo']!r} "
+            f"({type(error).__name__}: {error}); when offline, pass a local .gguf file") from error
+
+
 def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     """Return a local HF directory for `spec`, downloading as needed; for a GGUF file,
     the directory of its config and tokenizer (gguf_metadata_dir)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec in EMBEDDED_MODELS:
         return gguf_metadata_dir(resolve_embedded(spec, cache_dir), cache_dir)
+    downloaded = download_hub_gguf(spec)
+    if downloaded is not None:
+        return gguf_metadata_dir(downloaded, cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -108,14 +134,18 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
         return gguf_metadata_dir(path, cache_dir)
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelLoadError(f"{spec!r} is not a model directory, a .gguf file, a known alias "
-                             f"({', '.join(EMBEDDED_MODELS)}) or a hub id (org/name)")
+                             f"({', '.join(EMBEDDED_MODELS)}), a hub id (org/name) or a hub "
+                             "GGUF file (org/name:FILE.gguf)")
     return download_from_hub(spec)
 
 
 def gguf_source(spec: str, cache_dir: Path | None = None) -> Path | None:
-    """The GGUF file behind `spec` (an embedded alias or a .gguf path), else None."""
+    """The GGUF file behind `spec` (an embedded alias, a .gguf path or a hub GGUF
+    file), else None."""
     if spec in EMBEDDED_MODELS:
         return resolve_embedded(spec, Path(cache_dir) if cache_dir else None)
+    if HUB_GGUF.match(spec):
+        return download_hub_gguf(spec)
     path = Path(spec).expanduser()
     return path if path.suffix == ".gguf" and path.is_file() else None
 
@@ -147,6 +177,7 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     logger.info("reading the config and tokenizer of %s (first start only)", path.name)
+    _forget_gone_sources(target.parent)
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -156,12 +187,28 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
         values.pop("quantization_config", None)
         (staging / "config.json").write_text(json.dumps(values, indent=2, default=str))
         tokenizer.save_pretrained(str(staging))
+        (staging / SOURCE_RECORD).write_text(str(path.resolve()))
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+SOURCE_RECORD = "kvserve-source.txt"
+"""The file in a metadata folder naming the GGUF file it was read from."""
+
+
+def _forget_gone_sources(folder: Path) -> None:
+    """Remove the metadata folders whose GGUF file no longer exists (temporary files,
+    deleted downloads), so the cache does not grow with every file ever served."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        record = entry / SOURCE_RECORD
+        if record.is_file() and not Path(record.read_text()).exists():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def pretrained_arguments(spec: str, cache_dir: Path | None = None) -> tuple[str, dict]:
@@ -231,6 +278,18 @@ def read_state_dict(model_dir: Path, progress: bool) -> dict[str, torch.Tensor]:
     for handle, name in tqdm(names, desc="Loading weights", disable=not progress, unit="tensor"):
         state[name] = handle.get_tensor(name)
     return state
+
+
+def auto_dtype(config: Any, device: torch.device) -> torch.dtype:
+    """What dtype "auto" means for this checkpoint on this device: on CPU float32 (the
+    exact mode, which for a GGUF file runs on its blocks); on accelerators the
+    checkpoint's own dtype when it is bf16 or fp16, else bf16 (a GGUF file or an fp32
+    checkpoint: bf16 halves the memory and runs at the tensor cores' rate)."""
+    if device.type == "cpu":
+        return torch.float32
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
 def parse_dtype(dtype: Any) -> torch.dtype:

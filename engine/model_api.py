@@ -191,6 +191,10 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                block_kernels: bool = True, kv_cache_dtype: str = "auto") -> EngineModel:
     """Load a model for the engine; see engine.loading for the accepted specs.
 
+    `dtype`: "auto" (float32 on CPU, the checkpoint's bf16/fp16 on accelerators, else
+    bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights" or
+    "int8-weights" (models/mixed_precision.py).
+
     `kv_cache_dtype`: "float32", "bfloat16", or "auto": bf16 for dtype bf16-weights,
     else fp32 on CPU and the model's dtype on accelerators. A bf16 cache holds twice
     the tokens and halves what decode attention reads (its arithmetic stays fp32).
@@ -206,8 +210,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     each rank uses the GPU of its LOCAL_RANK."""
     from transformers import AutoTokenizer
 
-    from .loading import (check_quantization, gguf_source, parse_dtype, read_config,
-                          resolve_model_dir)
+    from .loading import (auto_dtype, check_quantization, gguf_source, parse_dtype,
+                          read_config, resolve_model_dir)
     from .models import has_own_code
 
     from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
@@ -237,6 +241,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                 "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     check_quantization(config)
+    if dtype == "auto":
+        torch_dtype = auto_dtype(config, device)
     if has_own_code(config):
         module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
                              device, cache_dir, tp_size, cpu_group_timeout, block_kernels,

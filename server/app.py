@@ -45,7 +45,7 @@ def resolve_device(device: str) -> str:
 def load_engine_model(settings: ServerSettings) -> Any:
     from engine import load_model
 
-    model = load_model(settings.model, dtype=settings.dtype,
+    model = load_model(settings.model_spec, dtype=settings.dtype,
                        device=resolve_device(settings.device), progress=False,
                        tp_size=settings.tp_size, kv_cache_dtype=settings.kv_cache_dtype)
     if model.tokenizer is None:

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--config", help="YAML file of settings (see configs/default.yaml)")
     add("--model", help="model: built-in name, HF directory, GGUF file or hub id")
+    add("--gguf-file", help="with a hub id as --model: the repository's GGUF file to serve")
     add("--served-model-name", help="name clients send as `model` (default: --model)")
     add("--host", help="address to bind (default 127.0.0.1)")
     add("--port", type=int, help="port to bind (default 8000)")

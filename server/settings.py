@@ -52,8 +52,16 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True,
                               protected_namespaces=())
 
+    @property
+    def model_spec(self) -> str:
+        """What the engine loads: `model`, or `model:gguf_file` for a hub GGUF file."""
+        return self.model if self.gguf_file is None else f"{self.model}:{self.gguf_file}"
+
     model: str = DEFAULT_MODEL
-    """Model to serve: a built-in name, a local HF directory, a GGUF file or a hub id."""
+    """Model to serve: a built-in name, a local HF directory, a GGUF file, a hub id, or
+    one GGUF file of a hub repository (`org/name:FILE.gguf`, or `gguf_file`)."""
+    gguf_file: str | None = None
+    """With a hub id as `model`: the GGUF file of that repository to serve."""
     served_model_name: str | None = None
     """Name clients put in `model`; defaults to `model`."""
     host: str = "127.0.0.1"
@@ -64,7 +72,8 @@ class ServerSettings(BaseModel):
     open_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_OPEN_PATHS))
     """Routes that need no API key even when keys are set."""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-weights",
-                   "int8-weights"] = "float32"
+                   "int8-weights"] = "auto"
+    """auto: float32 on CPU (exact), the checkpoint's bf16/fp16 on GPUs, else bf16."""
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """KV cache element type: "auto" is bf16 with dtype bf16-weights, else fp32 on CPU
     and the model's dtype on GPUs; bf16 holds twice the tokens and halves what decode

@@ -186,3 +186,43 @@ def test_packed_linear_equals_nn_linear_with_its_bias():
     x = torch.randn(3, 5, 64)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-4)
+
+
+def test_metadata_of_deleted_gguf_files_is_forgotten(tmp_path):
+    """The cache keeps a GGUF's config and tokenizer (no weights); a folder whose file
+    is gone is removed when the next file's metadata is read."""
+    import shutil
+
+    from engine.loading import gguf_metadata_dir, resolve_embedded
+
+    source = resolve_embedded("smollm2-135m-instruct")
+    first, second = tmp_path / "first.gguf", tmp_path / "second.gguf"
+    shutil.copyfile(source, first)
+    first_dir = gguf_metadata_dir(first, tmp_path / "cache")
+    assert (first_dir / "config.json").is_file() and not list(first_dir.glob("*.safetensors"))
+    first.unlink()
+    shutil.copyfile(source, second)
+    second_dir = gguf_metadata_dir(second, tmp_path / "cache")
+    assert second_dir.is_dir() and not first_dir.exists()
+
+
+def test_a_hub_gguf_file_offline_gives_a_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError, match="could not download 'm-Q4_K_M.gguf' from 'nobody/m'"):
+        load_model("nobody/m:m-Q4_K_M.gguf")
+
+
+def test_dtype_auto_is_float32_on_cpu_and_the_checkpoints_half_type_on_gpus():
+    import torch
+    from transformers import LlamaConfig
+
+    from engine.loading import auto_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert auto_dtype(LlamaConfig(dtype="bfloat16"), cpu) == torch.float32
+    assert auto_dtype(LlamaConfig(dtype="float16"), cuda) == torch.float16
+    assert auto_dtype(LlamaConfig(dtype="bfloat16"), cuda) == torch.bfloat16
+    assert auto_dtype(LlamaConfig(dtype="float32"), cuda) == torch.bfloat16
+    assert auto_dtype(LlamaConfig(), cuda) == torch.bfloat16

@@ -77,3 +77,9 @@ def test_the_server_steps_2048_tokens_on_cpu_unless_told():
     told = parse_settings(["--max-batch-tokens", "4096"], environ={})
     assert engine_config(told, "cpu").max_batch_tokens == 4096
     assert all(engine_config(s, "cpu").per_request_processors for s in (default, told))
+
+
+def test_a_hub_repositorys_gguf_file_joins_the_model_spec():
+    settings = parse_settings(["--model", "org/repo", "--gguf-file", "m-Q4_K_M.gguf"], environ={})
+    assert settings.model_spec == "org/repo:m-Q4_K_M.gguf"
+    assert parse_settings(["--model", "org/repo"], environ={}).model_spec == "org/repo"

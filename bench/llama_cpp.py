@@ -1,0 +1,78 @@
+"""Build llama.cpp's `llama-server` for side-by-side benchmarks, from the sources inside
+the PyPI sdist of `llama-cpp-python` (the only registry this kind of host reaches).
+Never part of `make test`: about 15 minutes on 2 cores, once; later calls return the
+built binary.
+
+    python -m bench.llama_cpp                 # prints the path of llama-server
+    python -m bench.startup --label llama.cpp --port 8041 --health /health -- \\
+        $(python -m bench.llama_cpp) -m model.gguf --port 8041 -np 8 -c 8192 -t 2
+
+Needs cmake, ninja and a C++ compiler. The build is native (`GGML_NATIVE`): the
+binary uses this CPU's vector extensions, as kvserve's kernels do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import httpx
+
+DEFAULT_VERSION = "0.3.36"
+
+
+def build_root() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "kvserve-bench" / "llama.cpp"
+
+
+def _sdist_url(version: str) -> str:
+    """The sdist's URL from PyPI's simple index, JSON form (`pip download` would build
+    the sdist's build dependencies from source just to read its metadata)."""
+    index = httpx.get("https://pypi.org/simple/llama-cpp-python/", timeout=60,
+                      headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+                      follow_redirects=True).json()
+    name = f"llama_cpp_python-{version}.tar.gz"
+    return next(entry["url"] for entry in index["files"] if entry["filename"] == name)
+
+
+def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2) -> Path:
+    """The path of llama-server from llama-cpp-python `version`'s sources, built on
+    first use."""
+    target = build_root() / version
+    binary = target / "build" / "bin" / "llama-server"
+    if binary.is_file():
+        return binary
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as download:
+        archive = Path(download) / "sources.tar.gz"
+        archive.write_bytes(httpx.get(_sdist_url(version), follow_redirects=True,
+                                      timeout=300).content)
+        with tarfile.open(archive) as tar:
+            tar.extractall(target, filter="data")
+    sources = next(target.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    build = target / "build"
+    subprocess.run(["cmake", "-S", str(sources), "-B", str(build), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j",
+                    str(jobs)], check=True)
+    return binary
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.llama_cpp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-python version")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    print(llama_server(args.version, args.jobs))
+
+
+if __name__ == "__main__":
+    main()
