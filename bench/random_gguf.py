@@ -94,6 +94,13 @@ def write_random_gguf(path: str, shape: LlamaShape = LlamaShape(), kind: str = "
                                  ("ffn_up", shape.intermediate, shape.hidden),
                                  ("ffn_down", shape.hidden, shape.intermediate)):
             tensors.append((blk + name + ".weight", *weights(rows, cols, kind)))
+    write_tensors(writer, tensors)
+    return path
+
+
+def write_tensors(writer, tensors: list[tuple[str, np.ndarray, object]]) -> None:
+    """(name, GGUF bytes or values, quantization type) in order into `writer` (a
+    gguf.GGUFWriter holding the metadata), then the file closed."""
     for name, data, type_ in tensors:
         writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, type_)
     writer.write_header_to_file()
@@ -102,7 +109,6 @@ def write_random_gguf(path: str, shape: LlamaShape = LlamaShape(), kind: str = "
     for _, data, _ in tensors:
         writer.write_tensor_data(data)
     writer.close()
-    return path
 
 
 def main(argv=None) -> None:

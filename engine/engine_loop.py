@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 _WAKE = object()   # inbox item that only wakes the loop up
 
 
+WARMUP_TOKENS = 16
+"""The warmup prefill's length. A page (256 tokens) cost a 1.7B model's CPU start 3-4 s
+of arithmetic that warms nothing a short prefill does not (docs/benchmarks.md)."""
+
+
 class EngineLoop:
     def __init__(self, model, config: ContinuousBatchingConfig, router: OutputRouter,
                  workload_hints: dict, logit_processing: bool) -> None:
@@ -156,13 +161,14 @@ class EngineLoop:
         return self.step_sync is None or self.step_sync.is_driver
 
     def warmup(self) -> None:
-        """Run one dummy prefill of up to a page of tokens through the model, then
-        record the decode CUDA graphs when there are any (on a follower rank: nothing,
-        it runs the driver's warmup step)."""
+        """Run one dummy prefill of WARMUP_TOKENS tokens through the model (the first
+        step's one-off costs: thread pools, lazy buffers), then record the decode CUDA
+        graphs when there are any (on a follower rank: nothing, it runs the driver's
+        warmup step)."""
         if not self.is_driver:
             return
         with self.step_lock:
-            num_tokens = min(self.sizing.page_size, self.sizing.max_batch_tokens)
+            num_tokens = min(WARMUP_TOKENS, self.sizing.page_size, self.sizing.max_batch_tokens)
             dummy = RequestState("__warmup__", [0] * num_tokens, 1, (), sampling=_greedy_params())
             blocks = self.scheduler.blocks
             if not blocks.grow(dummy, num_tokens):

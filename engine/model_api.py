@@ -218,6 +218,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                                          use_int8_weights)
     from .models.packed_linear import pack_dense_weights
     from .cpu_threads import release_openmp_pool
+    from .models.gguf_checkpoint import return_freed_memory
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
@@ -261,6 +262,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
+    return_freed_memory()      # what loading freed, back to the system (gguf_checkpoint.py)
     return model
 
 

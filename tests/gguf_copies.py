@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from bench.random_gguf import write_tensors
+
 Encode = Callable[[str, int, np.ndarray], tuple[np.ndarray, object]]
 """(tensor name, layer index, fp32 weights [rows, K]) -> (GGUF bytes, quantization type)."""
 
@@ -69,18 +71,6 @@ def _copy_fields(reader, target, arch: str, rename: Callable[[str], str] = str,
     return writer
 
 
-def _write_tensors(writer, tensors: list[tuple[str, np.ndarray, object]]) -> None:
-    """(name, GGUF bytes or values, quantization type) in order, then the file closed."""
-    for name, data, kind in tensors:
-        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for _, data, _ in tensors:
-        writer.write_tensor_data(data)
-    writer.close()
-
-
 def write_requantized(source, target, encode: Encode) -> collections.Counter:
     """The GGUF file at `source` copied to `target` with every attention and MLP
     weight of its layers re-encoded by `encode`; returns the count of each type written."""
@@ -98,7 +88,7 @@ def write_requantized(source, target, encode: Encode) -> collections.Counter:
             data, kind = encode(tensor.name, int(layer.group(1)), quants.dequantize(data, kind))
         written[kind.name] += 1
         tensors.append((tensor.name, data, kind))
-    _write_tensors(writer, tensors)
+    write_tensors(writer, tensors)
     return written
 
 
@@ -135,7 +125,7 @@ def write_as_qwen2(source, target, seed: int = 0, bias_scale: float = 0.5) -> in
             rows = int(tensor.shape[-1])                  # GGUF shapes: [K, rows]
             bias = (generator.standard_normal(rows) * bias_scale).astype(np.float32)
             tensors.append((tensor.name.replace(".weight", ".bias"), bias, Type.F32))
-    _write_tensors(writer, tensors)
+    write_tensors(writer, tensors)
     return sum(name.endswith(".bias") for name, _, _ in tensors)
 
 
@@ -229,7 +219,7 @@ def _write_random_model(writer, arch: str, shape: dict, dim: int, layer_norms: t
                                  ("attn_output", hidden, heads * dim), ("ffn_gate", inter, hidden),
                                  ("ffn_up", inter, hidden), ("ffn_down", hidden, inter)):
             tensors.append((blk + name + ".weight", *quantized(weights(rows, cols), kind)))
-    _write_tensors(writer, tensors)
+    write_tensors(writer, tensors)
 
 
 def quantized(weights: np.ndarray, kind_name: str) -> tuple[np.ndarray, object]:

@@ -242,9 +242,11 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
     checkpoint's, under transformers' names: gguf_checkpoint.py) holds every part.
     `dense_loaded` False (a GGUF read in place, called before the dense weights are
     loaded): a weight whose blocks serve every step (blocks_serve_every_step) keeps no
-    dense copy, the embedding table included (BlockEmbedding). Returns the names of
-    the weights that need no dense value; every other one is still to be loaded (a
-    BlockLinear shares its projection's dense parameter)."""
+    dense copy, the embedding table included (BlockEmbedding), and its entries leave
+    `blocks` (the model holds them now; a fused projection holds its parts joined, so
+    the loose parts would be a second copy). Returns the names of the weights that
+    need no dense value; every other one is still to be loaded (a BlockLinear shares
+    its projection's dense parameter)."""
     served: set[str] = set()
 
     def blocks_only(parts: list[Blocks]) -> bool:
@@ -265,7 +267,10 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
             only = blocks_only(found)
             setattr(parent, attr, BlockLinear(linear, None if only else linear.weight, found,
                                               kernels))
-            served.update(names if only else ())
+            if only:       # joined parts are copies: let the checkpoint's go at once
+                served.update(names)
+                for part in names:
+                    del blocks[part]
     for layer in model.layers:
         if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
             layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels,

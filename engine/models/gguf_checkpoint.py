@@ -22,6 +22,7 @@ it processes a column of row indices, and the answer is either a permutation of 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,15 +113,38 @@ def read_gguf_checkpoint(path: Path, config: Any) -> GGUFCheckpoint:
     checkpoint = GGUFCheckpoint({})
     for tensor in gguf_file.tensors:
         name = mapping.get(tensor.name)
-        if name is None:
-            continue
-        order = _row_order(processor, tensor, mapping) if tensor.kind is not None else None
-        if order is None:
-            checkpoint.dense[name] = _dequantized(processor, tensor, mapping)
-            continue
-        blocks = parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
-        if not torch.equal(order, torch.arange(order.shape[0])):
-            blocks = blocks.rows(order)
-        checkpoint.blocks[name] = blocks
-        checkpoint.shapes[name] = tensor.shape
+        if name is not None:
+            _read_tensor(checkpoint, name, tensor, processor, mapping)
+            gguf_file.drop_pages(tensor)
+            if tensor.data.nbytes >= TRIM_AFTER_BYTES:
+                return_freed_memory()
+    return_freed_memory()
     return checkpoint
+
+
+def _read_tensor(checkpoint: GGUFCheckpoint, name: str, tensor: GGUFTensor, processor,
+                 mapping: dict) -> None:
+    order = _row_order(processor, tensor, mapping) if tensor.kind is not None else None
+    if order is None:
+        checkpoint.dense[name] = _dequantized(processor, tensor, mapping)
+        return
+    blocks = parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
+    if not torch.equal(order, torch.arange(order.shape[0])):
+        blocks = blocks.rows(order)
+    checkpoint.blocks[name] = blocks
+    checkpoint.shapes[name] = tensor.shape
+
+
+TRIM_AFTER_BYTES = 16 << 20
+"""After a tensor this large, the converter's temporary buffers go back to the system
+at once. glibc keeps freed buffers of up to 32 MB for reuse, and a 1.7B file's
+tensor-by-tensor conversion left ~0.9 GB of them (peak RSS 3.58 GB, 2.64 after
+loading, 1.71 after a trim)."""
+
+
+def return_freed_memory() -> None:
+    """glibc's malloc_trim(0), where the C library is glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

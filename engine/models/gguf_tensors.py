@@ -42,12 +42,22 @@ class GGUFTensor:
     ggml_type: int      # the file's type id (gguf.GGMLQuantizationType)
     shape: tuple[int, ...]   # torch order: the row length last (the file's dims reversed)
     data: np.ndarray    # [rows, bytes per row] uint8, a view of the mapped file
+    offset: int         # where `data` starts in the file
 
 
 @dataclass(frozen=True)
 class GGUFFile:
     architecture: str   # general.architecture: "llama", "qwen2", "gemma3", ...
     tensors: list[GGUFTensor]
+    mapping: mmap.mmap  # the mapped file the tensors' data views
+
+    def drop_pages(self, tensor: GGUFTensor) -> None:
+        """Unmap the pages of `tensor` this process has read (they stay in the page
+        cache; the view reads them again if used): reading a file tensor by tensor then
+        holds one tensor's pages at a time in resident memory, not the whole file."""
+        start = tensor.offset - tensor.offset % mmap.PAGESIZE
+        end = tensor.offset + tensor.data.nbytes
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class _Cursor:
@@ -129,5 +139,6 @@ def _read(path: Path, buffer) -> GGUFFile:
             raise ValueError(f"{path}: tensor {name} runs past the end of the file")
         kind = GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else None
         tensors.append(GGUFTensor(name, kind, ggml_type, tuple(reversed(dims)),
-                                  whole[start:start + rows * row_bytes].reshape(rows, row_bytes)))
-    return GGUFFile(architecture, tensors)
+                                  whole[start:start + rows * row_bytes].reshape(rows, row_bytes),
+                                  start))
+    return GGUFFile(architecture, tensors, buffer)
