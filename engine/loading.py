@@ -178,6 +178,7 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
 
     logger.info("reading the config and tokenizer of %s (first start only)", path.name)
     _forget_gone_sources(target.parent)
+    _remove_converted_copies(cache_dir)
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -209,6 +210,18 @@ def _forget_gone_sources(folder: Path) -> None:
         record = entry / SOURCE_RECORD
         if record.is_file() and not Path(record.read_text()).exists():
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_converted_copies(cache_dir: Path) -> None:
+    """Earlier versions kept a float32 safetensors copy of every GGUF file served
+    under `<cache_dir>/gguf/` (0.5 GB for the default model, 6.8 GB for a 1.7B one);
+    nothing reads them now."""
+    old = cache_dir / "gguf"
+    if old.is_dir():
+        size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+        shutil.rmtree(old, ignore_errors=True)
+        logger.info("removed %.1f GB of float32 GGUF copies an earlier version cached in %s",
+                    size / 1e9, old)
 
 
 def pretrained_arguments(spec: str, cache_dir: Path | None = None) -> tuple[str, dict]:

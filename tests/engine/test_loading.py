@@ -190,7 +190,8 @@ def test_packed_linear_equals_nn_linear_with_its_bias():
 
 def test_metadata_of_deleted_gguf_files_is_forgotten(tmp_path):
     """The cache keeps a GGUF's config and tokenizer (no weights); a folder whose file
-    is gone is removed when the next file's metadata is read."""
+    is gone is removed when the next file's metadata is read, and so are the float32
+    copies earlier versions kept."""
     import shutil
 
     from engine.loading import gguf_metadata_dir, resolve_embedded
@@ -198,7 +199,11 @@ def test_metadata_of_deleted_gguf_files_is_forgotten(tmp_path):
     source = resolve_embedded("smollm2-135m-instruct")
     first, second = tmp_path / "first.gguf", tmp_path / "second.gguf"
     shutil.copyfile(source, first)
+    stale = tmp_path / "cache" / "gguf" / "model-0123" / "model.safetensors"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(bytes(100))             # an earlier version's float32 copy
     first_dir = gguf_metadata_dir(first, tmp_path / "cache")
+    assert not stale.parent.parent.exists()
     assert (first_dir / "config.json").is_file() and not list(first_dir.glob("*.safetensors"))
     first.unlink()
     shutil.copyfile(source, second)
