@@ -19,6 +19,7 @@ from the file's metadata in ~10 s, are kept under `<cache_dir>/gguf-metadata/<ke
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import hashlib
@@ -98,10 +99,11 @@ HUB_GGUF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+):(?P<file>[^:]+\.gguf)$")
 """`org/repo:FILE.gguf`: one GGUF file of a hub repository."""
 
 
+@functools.cache
 def download_hub_gguf(spec: str) -> Path | None:
     """The local copy of the GGUF file `spec` names (`org/repo:FILE.gguf`),
     downloaded once with a progress bar (huggingface_hub's cache), else None for other
-    specs."""
+    specs. Remembered per process: a load asks for the file's metadata and weights."""
     match = HUB_GGUF.match(spec)
     if match is None:
         return None
@@ -291,6 +293,15 @@ def read_state_dict(model_dir: Path, progress: bool) -> dict[str, torch.Tensor]:
     for handle, name in tqdm(names, desc="Loading weights", disable=not progress, unit="tensor"):
         state[name] = handle.get_tensor(name)
     return state
+
+
+def return_freed_memory() -> None:
+    """Hand what loading freed back to the system: glibc's malloc_trim(0), where the C
+    library is glibc (it keeps freed buffers of up to 32 MB for reuse otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def auto_dtype(config: Any, device: torch.device) -> torch.dtype:

@@ -218,7 +218,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                                          use_int8_weights)
     from .models.packed_linear import pack_dense_weights
     from .cpu_threads import release_openmp_pool
-    from .models.gguf_checkpoint import return_freed_memory
+    from .loading import return_freed_memory
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
@@ -262,7 +262,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
-    return_freed_memory()      # what loading freed, back to the system (gguf_checkpoint.py)
+    return_freed_memory()      # what loading freed, back to the system
     return model
 
 
@@ -296,13 +296,13 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache
             and device.type == "cpu":
         from .kernels import load_native_kernels
         kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    state = weights if gguf is None else gguf.dense if kernels is not None else gguf.dense_state()
-    if tp_size > 1:
-        return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
     if kernels is None:
+        state = weights if gguf is None else gguf.dense_state()
+        if tp_size > 1:
+            return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
         return build_model(config, state, dtype, device)
-    module = build_model(config, state, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, dense_loaded=keep_dense)))
+    module = build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
+        skip=use_blocks(model, gguf.blocks, kernels, keep_dense)))
     _use_fast_decode(module, kernels)
     return module
 

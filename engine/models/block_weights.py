@@ -130,8 +130,7 @@ class BlockLinear(nn.Module):
         """Steps too large for the block kernel multiply a bf16 copy of the weight
         (input rounded to bf16, fp32 accumulation and output): ~2.5x fp32's rate at
         64+ rows on AVX-512 BF16, at bf16's rounding. Small steps stay exact."""
-        dense = self.weight.detach() if self.weight is not None else torch.cat(
-            [part.dequantize() for part in self.parts])
+        dense = self.weight.detach() if self.weight is not None else self.dequantized()
         self.weight = nn.Parameter(dense.to(torch.bfloat16), requires_grad=False)
         self.max_rows = BF16_KERNEL_ROWS
 
@@ -139,9 +138,13 @@ class BlockLinear(nn.Module):
         """Pack the dense weight for oneDNN and drop the unpacked one (packed_linear.py)."""
         return self.weight is not None and pack_in_place(self, "weight")
 
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out_features, in_features] fp32, made from the blocks."""
+        return torch.cat([part.dequantize() for part in self.parts])
+
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None and self.packed is None:      # blocks only: dequantize now
-            weight = torch.cat([part.dequantize() for part in self.parts]).to(x.dtype)
+            weight = self.dequantized().to(x.dtype)
             return F.linear(x, weight, None if self.bias is None else self.bias.to(x.dtype))
         if self.packed is not None:
             y = packed_linear(x.to(self.packed.dtype), self.packed, x.dtype)
@@ -237,12 +240,13 @@ class BlockEmbedding(nn.Module):
 
 
 def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
-               dense_loaded: bool = True) -> set[str]:
-    """Give `model` BlockLinear projections (and LM head) wherever `blocks` (a GGUF
-    checkpoint's, under transformers' names: gguf_checkpoint.py) holds every part.
-    `dense_loaded` False (a GGUF read in place, called before the dense weights are
-    loaded): a weight whose blocks serve every step (blocks_serve_every_step) keeps no
-    dense copy, the embedding table included (BlockEmbedding), and its entries leave
+               keep_dense: bool) -> set[str]:
+    """Give `model` (built, its weights not loaded yet) BlockLinear projections (and LM
+    head) wherever `blocks` (a GGUF checkpoint's, under transformers' names:
+    gguf_checkpoint.py) holds every part. Unless `keep_dense` (bf16-weights makes its
+    bf16 weights from the dense ones), a weight whose blocks serve every step
+    (blocks_serve_every_step) keeps no dense copy, the embedding table included
+    (BlockEmbedding), and its entries leave
     `blocks` (the model holds them now; a fused projection holds its parts joined, so
     the loose parts would be a second copy). Returns the names of the weights that
     need no dense value; every other one is still to be loaded (a BlockLinear shares
@@ -250,7 +254,7 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
     served: set[str] = set()
 
     def blocks_only(parts: list[Blocks]) -> bool:
-        return not dense_loaded and blocks_serve_every_step(_joined(parts), kernels)
+        return not keep_dense and blocks_serve_every_step(_joined(parts), kernels)
 
     for i, layer in enumerate(model.layers):
         for name, parts in _PROJECTIONS.items():

@@ -22,7 +22,6 @@ it processes a column of row indices, and the answer is either a permutation of 
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..loading import return_freed_memory
 from .block_formats import Blocks, parse_blocks
 from .gguf_tensors import GGUFTensor, read_gguf_file
 
@@ -141,10 +141,3 @@ at once. glibc keeps freed buffers of up to 32 MB for reuse, and a 1.7B file's
 tensor-by-tensor conversion left ~0.9 GB of them (peak RSS 3.58 GB, 2.64 after
 loading, 1.71 after a trim)."""
 
-
-def return_freed_memory() -> None:
-    """glibc's malloc_trim(0), where the C library is glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
