@@ -113,9 +113,15 @@ class RequestStream:
             if item is not _TICK:
                 return item
             self._tick = None
-            if not self._engine.is_running() and self._queue.empty():
-                self.finished = True
-                raise EngineDeadError()
+            if not self._engine.manager.is_running():
+                # The thread has ended, so it scheduled its last outputs (a crash fails
+                # every request it held) before: one turn of the loop queues them. A
+                # crashed thread still failing its requests is waited for, not raced.
+                await asyncio.sleep(0)
+                if self._queue.empty():
+                    self.finished = True
+                    raise EngineDeadError()
+                continue
             if self.limits is not None:
                 self.limits.check()
 
