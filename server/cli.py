@@ -13,6 +13,7 @@ import os
 from typing import Any, Mapping
 
 from .settings import ServerSettings, build_settings, read_config_file
+from .settings_env import env_name
 
 
 def _bool(text: str) -> bool:
@@ -28,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m server",
         description="OpenAI-compatible HTTP server over the kvserve engine.",
+        epilog="Every setting can also come from its environment variable, KVSERVE_ and "
+               "the setting in capitals, shown as [env ...] after each flag. Lists are "
+               "comma-separated, booleans 1/0, true/false, yes/no or on/off, `none` "
+               "clears an optional value; an empty variable counts as unset. "
+               "Precedence, lowest first: defaults, the --config file, the environment, "
+               "flags.",
         argument_default=None)
     add = parser.add_argument
     add("--config", help="YAML file of settings (see configs/default.yaml)")
@@ -38,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", type=int, help="port to bind (default 8000)")
     add("--api-key", nargs="+", metavar="KEY",
         help="require `Authorization: Bearer KEY` with one of these keys "
-             "(or set KVSERVE_API_KEY=key1,key2)")
+             "(KVSERVE_API_KEY=key1,key2 keeps them out of the process list)")
     add("--open-paths", nargs="*", metavar="PATH",
         help="routes reachable without a key (default /health /ready /metrics)")
     add("--dtype", help="auto, float32, bfloat16, float16, bf16-weights (bf16 weights in "
@@ -95,13 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     testing = parser.add_argument_group("testing")
     testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
                          help="add POST /debug/fail-engine (kills the engine thread)")
+    for action in parser._actions:     # each setting's flag names its variable
+        if action.dest in ServerSettings.model_fields and action.help:
+            off = "=0" if action.const is False else ""     # a --no-... flag
+            action.help += f" [env {env_name(action.dest)}{off}]"
     return parser
 
 
 def parse_settings(argv: list[str] | None = None,
                    environ: Mapping[str, str] | None = None) -> ServerSettings:
-    """Flags (and the file named by --config, and KVSERVE_API_KEY from `environ`,
-    default os.environ) -> validated settings.
+    """Flags (and the file named by --config, and the KVSERVE_<FIELD> variables of
+    `environ`, default os.environ) -> validated settings.
 
     Raises SettingsError naming the bad field; argparse itself exits on a malformed
     flag value such as `--port abc`.

@@ -1,17 +1,20 @@
-"""Server settings: one flat, validated record built from a YAML file and the CLI.
+"""Server settings: one flat, validated record built from a YAML file, the
+environment and the CLI.
 
 Precedence, lowest first: the defaults below, then the YAML file given with
-`--config`, then command-line flags. Keys in the file are the flag names with
-underscores (`--max-batch-tokens` <-> `max_batch_tokens`); `configs/default.yaml`
-lists them all. An unknown key or a bad value stops the server at start with a
+`--config`, then the environment, then command-line flags. Keys in the file are the
+flag names with underscores (`--max-batch-tokens` <-> `max_batch_tokens`);
+`configs/default.yaml` lists them all. An unknown key or a bad value stops the server at start with a
 message naming the field, before any model is loaded.
 
 The engine knobs (page_size ... compile_level) default to None, meaning "let
 the engine choose"; only the ones that are set reach `ContinuousBatchingConfig`.
 
-One environment variable is read, for secrets that should not sit in a file or a
-process list: `KVSERVE_API_KEY` (several keys separated by commas). It overrides the
-file's `api_key` and is overridden by `--api-key`.
+Every field also has an environment variable, KVSERVE_ and its name in capitals
+(`KVSERVE_PORT`, `KVSERVE_MAX_BATCH_TOKENS`; settings_env.py converts the text by the
+field's type). It suits secrets that should not sit in a file or a process list
+(`KVSERVE_API_KEY`, several keys separated by commas) and containers configured by
+environment alone (docker/compose.yaml). A bad value's message names its variable.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.config import ContinuousBatchingConfig
 
+from .settings_env import EnvValueError, env_name, read_environment
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-API_KEY_ENV = "KVSERVE_API_KEY"
 # Routes answered without an API key by default: probes and scrapers carry none.
 DEFAULT_OPEN_PATHS = ("/health", "/ready", "/metrics")
 
@@ -179,18 +183,23 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Settings taken from the environment: only the API keys (comma-separated)."""
-    raw = environ.get(API_KEY_ENV, "")
-    keys = [key.strip() for key in raw.split(",") if key.strip()]
-    return {"api_key": keys} if keys else {}
+    """Settings taken from the environment's KVSERVE_<FIELD> variables, converted by
+    each field's type (settings_env.py); SettingsError names a bad variable."""
+    try:
+        return read_environment(ServerSettings.model_fields, environ)
+    except EnvValueError as exc:
+        raise SettingsError(f"invalid setting '{exc.field}' from {exc.variable}: "
+                            f"{exc.reason}") from None
 
 
 def build_settings(file_values: dict[str, Any], cli_values: dict[str, Any],
                    environ: Mapping[str, str] | None = None) -> ServerSettings:
     """Merge file, environment and CLI values (later wins) and validate, naming any
-    bad field."""
-    merged = {**file_values, **env_values(environ or {}),
-              **{k: v for k, v in cli_values.items() if v is not None}}
+    bad field, and its variable when the environment gave it."""
+    from_env = env_values(environ or {})
+    from_cli = {k: v for k, v in cli_values.items() if v is not None}
+    merged = {**file_values, **from_env, **from_cli}
+    origin = {name: f" from {env_name(name)}" for name in from_env if name not in from_cli}
     try:
         settings = ServerSettings.model_validate(merged)
     except ValidationError as exc:
@@ -200,15 +209,17 @@ def build_settings(file_values: dict[str, Any], cli_values: dict[str, Any],
             raise SettingsError(f"unknown setting '{loc}'") from None
         message = error["msg"].removeprefix("Value error, ")
         if loc:
-            raise SettingsError(f"invalid setting '{loc}': {message}") from None
+            where = origin.get(str(error["loc"][0]), "")
+            raise SettingsError(f"invalid setting '{loc}'{where}: {message}") from None
         raise SettingsError(f"invalid settings: {message}") from None
-    _check_engine_knobs(settings)
+    _check_engine_knobs(settings, origin)
     return settings
 
 
-def _check_engine_knobs(settings: ServerSettings) -> None:
+def _check_engine_knobs(settings: ServerSettings, origin: Mapping[str, str]) -> None:
     """Let the engine's own config validate the knobs now, not after a model load.
-    Its messages read "ContinuousBatchingConfig.<field>: ..."; name our key instead."""
+    Its messages read "ContinuousBatchingConfig.<field>: ..."; name our key instead
+    (and its variable: `origin` maps the fields the environment set to " from VAR")."""
     try:
         settings.continuous_batching_config()
     except ValueError as exc:
@@ -216,5 +227,6 @@ def _check_engine_knobs(settings: ServerSettings) -> None:
         for name, engine_name in ENGINE_KNOBS.items():
             prefix = f"ContinuousBatchingConfig.{engine_name}: "
             if message.startswith(prefix):
-                raise SettingsError(f"invalid setting '{name}': {message[len(prefix):]}") from None
+                raise SettingsError(f"invalid setting '{name}'{origin.get(name, '')}: "
+                                    f"{message[len(prefix):]}") from None
         raise SettingsError(f"invalid engine settings: {message}") from None
