@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvserve-installed
 
-.PHONY: install test serve clean
+.PHONY: install test serve clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,20 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Headless Chromium for the chat page's tests (tests/server/test_web_ui.py): Debian's
+# packages, installed when chromedriver is missing and we are root (CI); otherwise
+# those tests are skipped.
+browser:
+	@command -v chromedriver >/dev/null || if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq chromium chromium-driver; \
+	else \
+	  echo "chromedriver missing and not root: the browser tests will be skipped" \
+	       "(apt-get install chromium chromium-driver)"; \
+	fi
 
 serve: $(STAMP)
 	$(BIN)/python -m server --model $(MODEL) --host $(HOST) --port $(PORT)

@@ -3,7 +3,8 @@
     startup:   load the model (in a worker thread: it takes seconds) -> build the
                manager from the settings' engine knobs -> start the engine thread
                -> warm it up -> publish a ServingState on app.state.serving
-    serving:   routes.py (the API), routes_ops.py (health, ready, metrics); every
+    serving:   routes.py (the API), routes_ops.py (health, ready, metrics),
+               web_ui.py (the chat page at /, unless web_ui is off); every
                request passes RequestLogMiddleware (one log line each)
     shutdown:  hard-stop the engine (uvicorn has already drained open connections
                for the drain timeout, see lifecycle.py), then free the cache
@@ -30,6 +31,7 @@ from .routes import api
 from .routes_ops import debug, ops
 from .settings import ServerSettings
 from .state import build_state
+from .web_ui import web
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,8 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(api)
     app.include_router(ops)
+    if settings.web_ui:
+        app.include_router(web)
     if settings.enable_fault_injection:
         app.include_router(debug)
     return app

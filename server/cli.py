@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="browser origins allowed to call the API ('*' for any)")
     add("--allowed-hosts", nargs="+", metavar="HOST",
         help="Host header names served besides loopback ones (DNS-rebinding guard)")
+    add("--no-web-ui", dest="web_ui", action="store_false", default=None,
+        help="do not serve the built-in chat page at /")
     add("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's")
     add("--parse-special-tokens-in-messages", type=_bool, metavar="BOOL",
         help="let message text that spells a control token become it (default false)")

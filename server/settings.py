@@ -118,6 +118,9 @@ class ServerSettings(BaseModel):
     allowed_hosts: list[str] = Field(default_factory=list)
     """Host names served besides the loopback ones on a loopback bind (all of them on
     other binds unless this lists some): a guard against DNS rebinding."""
+    web_ui: bool = True
+    """Serve the built-in chat page at / (server/web_ui.py): the page and its static
+    files need no key; the page asks for one when the API does. Off: / is a 404."""
     chat_template: str | None = None
     """A Jinja chat template file that replaces the model's own."""
     parse_special_tokens_in_messages: bool = False
