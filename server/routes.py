@@ -1,4 +1,5 @@
-"""The API routes. Generation lives in serving_chat.py / serving_completions.py;
+"""The API routes. Generation lives in serving_chat.py / serving_completions.py /
+serving_responses.py;
 the small endpoints (models, tokenize, detokenize) are answered here. The
 operational ones (health, ready, metrics) are in routes_ops.py.
 
@@ -19,6 +20,7 @@ from .prompts import check_token_ids, encode_text, render_chat
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_chat import create_chat_completion
 from .serving_completions import create_completion
+from .serving_responses import create_response
 from .state import ServingState
 
 
@@ -37,6 +39,11 @@ async def chat_completions(request: Request) -> Response:
 @api.post("/v1/completions")
 async def completions(request: Request) -> Response:
     return await create_completion(request, serving_state(request))
+
+
+@api.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    return await create_response(request, serving_state(request))
 
 
 def _model_card(state: ServingState) -> dict:
