@@ -1,5 +1,5 @@
-"""Tensor parallelism over torch.distributed (SPEC section 6): process groups,
-weight sharding and the driver-to-follower step messages."""
+"""Tensor parallelism over torch.distributed (README.md, "Tensor parallelism"): process
+groups, weight sharding and the driver-to-follower step messages."""
 
 from .group import TensorParallelError, TensorParallelGroup, init_tensor_parallel
 from .sharding import check_shardable, shard_model
