@@ -20,10 +20,6 @@ from engine.models.mixed_precision import Bf16RescoredHead, Bf16WeightLinear, In
 from engine.models.packed_linear import PackedLinear
 from engine.models.packed_stack import PackedStack
 
-HEADS = ("int8_lm_head", "bf16_lm_head", "block_lm_head", "packed_lm_head")
-"""The LM head compute_logits uses, in its order of preference."""
-
-
 def _shape(module: nn.Module) -> tuple[int, int] | None:
     """(out_features, in_features) of a projection-like module, else None."""
     if isinstance(module, BlockLinear):
@@ -57,21 +53,18 @@ def _bytes_read(module: nn.Module, rows: int, on_stack: bool = False) -> int:
 
 
 def _head(model: nn.Module) -> tuple[nn.Module | None, torch.Tensor | None]:
-    """The LM head module in use (None: a plain matmul on `weight`) and its dense
-    weight (None where the model holds the head as blocks only)."""
-    table = model.embed_tokens if getattr(model, "lm_head", None) is None else model.lm_head
-    weight = table.weight if isinstance(table, (nn.Embedding, nn.Linear)) else None
-    for name in HEADS:
-        head = getattr(model, name, None)
-        if head is not None:
-            return head, weight
-    return None, weight
+    """The LM head's linear method (None: a plain matmul on `weight`, the embedding
+    table's or an nn.Linear's) and that dense weight (None with a method)."""
+    head = model.lm_head
+    if head is None or type(head) is nn.Linear:
+        return None, (model.embed_tokens if head is None else head).weight
+    return head, None
 
 
 def weight_bytes_per_step(model: nn.Module, rows: int) -> int:
     """Bytes of projection and LM head weights one decode step of `rows` rows reads."""
     on_stack = any(isinstance(stack, PackedStack) and stack.block_rows < rows
-                   for stack in getattr(model, "layer_stacks", []))
+                   for stack in model.executors.stacks)
     total = sum(_bytes_read(m, rows, on_stack) for m in model.layers.modules()
                 if _shape(m) is not None)
     head, weight = _head(model)
@@ -90,5 +83,5 @@ def matmul_flops_per_row(model: nn.Module) -> int:
     weights = sum(out * inp for m in model.layers.modules()
                   if (shape := _shape(m)) is not None for out, inp in [shape])
     head, weight = _head(model)
-    vocab, hidden = _shape(head) if isinstance(head, BlockLinear) else weight.shape
+    vocab, hidden = (head.out_features, head.in_features) if head is not None else weight.shape
     return 2 * (weights + vocab * hidden)

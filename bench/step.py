@@ -129,14 +129,14 @@ def main(argv=None) -> dict:
 
 
 def time_loop(model, batch: int, context: int, repeats: int, row: dict) -> float:
-    """The same step through the layer loop (the model's `layer_stacks` set aside),
-    right after the stack's: `row["loop_step_ms"]`, returned too."""
-    stacks = getattr(model.module, "layer_stacks", [])
-    model.module.layer_stacks = []
+    """The same step through the layer loop (the model's whole-stack executors set
+    aside), right after the stack's: `row["loop_step_ms"]`, returned too."""
+    executors = model.module.executors
+    model.module.use_executors(executors.without_stacks())
     try:
         row["loop_step_ms"] = round(time_steps(model, batch, context, repeats) * 1e3, 2)
     finally:
-        model.module.layer_stacks = stacks
+        model.module.use_executors(executors)
     return row["loop_step_ms"]
 
 

@@ -1,6 +1,6 @@
-"""EngineModel: a loaded model with the continuous-batching entry points of SPEC
-section 2 (`generate_batch`, `init_continuous_batching`,
-`continuous_batching_context_manager`)."""
+"""EngineModel: a loaded model with the continuous-batching entry points of
+transformers' API (`generate_batch`, `init_continuous_batching`,
+`continuous_batching_context_manager`), and `load_model`, which builds one."""
 
 from __future__ import annotations
 
@@ -214,9 +214,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                           read_config, resolve_model_dir)
     from .models import has_own_code
 
-    from .models.mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
-                                         use_int8_weights)
-    from .models.packed_linear import pack_dense_weights
+    from .models.method_choice import choose_linear_methods
+    from .models.mixed_precision import INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES
     from .cpu_threads import release_openmp_pool
     from .loading import return_freed_memory
 
@@ -244,21 +243,18 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     check_quantization(config)
     if dtype == "auto":
         torch_dtype = auto_dtype(config, device)
+    single_cpu = device.type == "cpu" and tp_size == 1
     if has_own_code(config):
         module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
                              device, cache_dir, tp_size, cpu_group_timeout, block_kernels,
                              keep_dense=mixed)
-        if mixed:
-            module = use_bf16_weights(module)
-        if int8:
-            module = use_int8_weights(module)
+        choose_linear_methods(module, dtype, pack=single_cpu)
+        if single_cpu:
+            _use_executors(module, cache_dir)
     else:
         module = _transformers_family(source, config, mixed or int8, torch_dtype, device, tp_size)
     if kv_cache_dtype != "auto":
         module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
-    if device.type == "cpu" and tp_size == 1 and has_own_code(config):
-        pack_dense_weights(module)
-        _use_packed_layers(module, cache_dir)
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
@@ -301,10 +297,8 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache
         if tp_size > 1:
             return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
         return build_model(config, state, dtype, device)
-    module = build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
+    return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
         skip=use_blocks(model, gguf.blocks, kernels, keep_dense)))
-    _use_fast_decode(module, kernels)
-    return module
 
 
 def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,
@@ -327,41 +321,15 @@ def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.
     return module
 
 
-def _use_packed_layers(module, cache_dir) -> None:
-    """Layers of packed weights run larger CPU steps as direct calls (packed_layer.py);
-    where every layer qualifies, the fast decode layers and the packed layers run as
-    one native call per step (fast_decode.FastDecodeStack, packed_stack.PackedStack)."""
+def _use_executors(module, cache_dir) -> None:
+    """The layer executors the native kernels offer this model (models/executors.py,
+    executor_choice.py); none where the kernels are not built."""
     from .kernels import load_native_kernels
-    from .models.fast_decode import FastDecodeStack
-    from .models.packed_layer import use_packed_layers
-    from .models.packed_stack import PackedStack
+    from .models.executor_choice import use_chosen_executors
 
     kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    if kernels is None:
-        return
-    logger.debug("%d layers on the packed-layer path", use_packed_layers(module, kernels))
-    if hasattr(module, "layer_stacks"):
-        module.layer_stacks = [stack for stack in (FastDecodeStack.build(module, kernels),
-                                                   PackedStack.build(module, kernels))
-                               if stack is not None]
-        logger.debug("%d whole-stack paths", len(module.layer_stacks))
-
-
-def _use_fast_decode(module, kernels) -> None:
-    """Layers whose projections all run on blocks take decode steps as two native calls
-    (models/fast_decode.py)."""
-    from .models.block_weights import BlockLinear
-    from .models.fast_decode import FastDecodeLayer
-
-    fast = 0
-    for layer in module.layers:
-        if hasattr(layer, "fast_decode") and FastDecodeLayer.applies(layer):
-            layer.fast_decode = FastDecodeLayer(layer, kernels)
-            fast += 1
-    on_blocks = [m for m in module.modules() if isinstance(m, BlockLinear)]
-    logger.info("%d projections run on the file's quantized blocks, %d of them with no dense "
-                "copy (%d layers on the fast decode path)", len(on_blocks),
-                sum(m.weight is None for m in on_blocks), fast)
+    if kernels is not None:
+        use_chosen_executors(module, kernels)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

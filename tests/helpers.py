@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -42,6 +43,48 @@ needs_bf16_packing = pytest.mark.skipif(
     not _packs_bf16(), reason="oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, "
     "DQ) or AVX-NE-CONVERT")
 """For tests of the packed bf16 layers (PackedLayer, packed Bf16 projections)."""
+
+
+@contextlib.contextmanager
+def executors_set_to(module, executors):
+    """Run the block with `module`'s executors replaced (models/executors.py)."""
+    saved = module.executors
+    module.use_executors(executors)
+    try:
+        yield
+    finally:
+        module.use_executors(saved)
+
+
+def stack_of(module, stack_type):
+    """The model's whole-stack executor of `stack_type`."""
+    return next(s for s in module.executors.stacks if isinstance(s, stack_type))
+
+
+def layer_executors(module, executor_type) -> list:
+    """Each layer's executor of `executor_type`, or None where it has none."""
+    return [next((e for e in module.executors.of_layer(i) if isinstance(e, executor_type)), None)
+            for i in range(len(module.layers))]
+
+
+class ServedSpy:
+    """An executor that records, per step offered, whether the executor it wraps took
+    it (`served`), and the error it raised (`raised`)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.served, self.raised = inner, [], []
+
+    def fits(self, step) -> bool:
+        taken = self.inner.fits(step)
+        self.served.append(taken)
+        return taken
+
+    def run(self, step):
+        try:
+            return self.inner.run(step)
+        except Exception as error:
+            self.raised.append(error)
+            raise
 
 
 def tiny_config(family: str):

@@ -8,8 +8,8 @@ its parts in row order, each a kind, a column count and the pointers to its code
 scales and minima. A Q4_1 file's qkv weight is one part; a Q4_K_M file's is two
 (q and k in Q4_K read as Q4_1, v in Q6_K read as Q8_16), written each into its own
 columns of the output, as BlockLinear.forward writes them. The struct is built once
-per projection and kept on it (`native_weight`); it points into the projection's
-buffers, which live as long as the projection.
+per projection when the projection is made (`native_weight`); it points into the
+projection's buffers, which live as long as the projection.
 """
 
 from __future__ import annotations
@@ -58,21 +58,17 @@ class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
                 ("num_slots", ctypes.c_int64)]
 
 
-def native_weight(linear) -> BlockWeight:
-    """The BlockWeight of a BlockLinear (its `parts`), built on first use and kept on
-    it. Raises ValueError for more parts than the struct holds."""
-    weight = getattr(linear, "native_weight", None)
-    if weight is not None:
-        return weight
-    if len(linear.parts) > MAX_WEIGHT_PARTS:
-        raise ValueError(f"a block weight of {len(linear.parts)} parts "
-                         f"(at most {MAX_WEIGHT_PARTS})")
-    weight = BlockWeight(len(linear.parts))
-    for slot, part in zip(weight.parts, linear.parts):
+def native_weight(parts) -> BlockWeight | None:
+    """The BlockWeight of a projection's block parts (BlockLinear.parts, in row
+    order), or None for more parts than the struct holds. It points into the parts'
+    tensors: the caller keeps them alive as long as the struct."""
+    if len(parts) > MAX_WEIGHT_PARTS:
+        return None
+    weight = BlockWeight(len(parts))
+    for slot, part in zip(weight.parts, parts):
         slot.kind, slot.columns = BLOCK_KINDS[part.kind], part.codes.shape[0]
         slot.q, slot.d = part.codes.data_ptr(), part.scales.data_ptr()
         slot.m = None if part.minima is None else part.minima.data_ptr()
-    linear.native_weight = weight
     return weight
 
 
@@ -88,8 +84,8 @@ def gated_mlp(kernels, x: torch.Tensor, gate_up, down, activation: int) -> torch
     rows, in_features = x.shape
     y = torch.empty(rows, down.out_features, dtype=torch.float32)
     _check(kernels.library.blocks_gated_mlp(
-        x.data_ptr(), rows, in_features, ctypes.addressof(native_weight(gate_up)),
-        gate_up.out_features // 2, ctypes.addressof(native_weight(down)), down.out_features,
+        x.data_ptr(), rows, in_features, ctypes.addressof(gate_up.native_weight),
+        gate_up.out_features // 2, ctypes.addressof(down.native_weight), down.out_features,
         activation, y.data_ptr(), kernels.num_threads), "blocks_gated_mlp")
     return y
 

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from ..kernels.block_layers import gated_mlp
+from ..kernels.block_layers import gated_mlp, native_weight
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
+from .linear_base import LinearMethod
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ ms, 3 rows 15.9-17.3 vs 14.8-16.2, 4 rows 17.8-19.3 vs 14.4-15.1, 5 rows 22.1-26
 15.9-16.5. (Against oneDNN's bf16 matmuls it was 5 rows.)"""
 
 
-class BlockLinear(nn.Module):
+class BlockLinear(LinearMethod):
     """An nn.Linear that also holds its weight as blocks: steps of at most
     `max_rows` fp32 rows use the block kernels, others the dense weight. Without a
     dense weight (`weight` None: blocks_serve_every_step) every fp32 CPU step runs on
@@ -77,12 +78,10 @@ class BlockLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear | None, weight: torch.Tensor | None,
                  blocks: Blocks | list[Blocks], kernels) -> None:
-        super().__init__()
         parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
+        super().__init__(parts[0].shape[1], sum(part.shape[0] for part in parts))
         self.weight = weight if weight is None or isinstance(weight, nn.Parameter) else \
             nn.Parameter(weight, requires_grad=False)
-        self.out_features = sum(part.shape[0] for part in parts)
-        self.in_features = parts[0].shape[1]
         self.bias = None if linear is None else linear.bias
         single = parts[0] if len(parts) == 1 else None
         self.kind = "mixed" if single is None else single.kind
@@ -93,6 +92,9 @@ class BlockLinear(nn.Module):
         self.parts = parts if single is None else [
             Blocks(self.kind, self.codes, self.scales, self.minima)]
         """The blocks in row order, one entry per kernel form (the buffers, when one)."""
+        self.native_weight = native_weight(self.parts)
+        """The parts as the native layer and MLP calls read them (kernels.h's
+        BlockWeight), or None for more parts than it holds."""
         self.kernels = kernels
         self.max_rows = kernel_rows(kernels)
         if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
@@ -102,8 +104,14 @@ class BlockLinear(nn.Module):
                 raise ValueError("these blocks need a dense weight for large steps")
             self.max_rows = sys.maxsize
         """Steps of more rows use the dense weight."""
-        self.packed = None
-        """The dense weight packed for oneDNN (pack_dense), which then replaces `weight`."""
+
+    def describe(self) -> str:
+        if self.weight is None and self.packed is None:
+            dense = "no dense copy"
+        else:
+            dtype = (self.packed or self.weight).dtype
+            dense = f"dense {str(dtype).removeprefix('torch.')} past {self.max_rows} rows"
+        return f"GGUF blocks {'+'.join(part.kind for part in self.parts)}, {dense}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_features = x.shape[-1]
@@ -173,7 +181,8 @@ class FusedBlockMLP:
         gate_up, down = mlp.gate_up_proj, mlp.down_proj
         return (isinstance(gate_up, BlockLinear) and isinstance(down, BlockLinear)
                 and gate_up.bias is None and down.bias is None
-                and getattr(mlp, "act_name", None) in FUSED_ACTIVATIONS)
+                and gate_up.native_weight is not None and down.native_weight is not None
+                and mlp.act_name in FUSED_ACTIVATIONS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output, or None when the step is for the modules. Larger steps
@@ -276,9 +285,9 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
                 for part in names:
                     del blocks[part]
     for layer in model.layers:
-        if hasattr(layer.mlp, "fused") and FusedBlockMLP.applies(layer.mlp):
-            layer.mlp.fused = FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj, kernels,
-                                            FUSED_ACTIVATIONS[layer.mlp.act_name])
+        if FusedBlockMLP.applies(layer.mlp):
+            layer.mlp.use_fused(FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj,
+                                              kernels, FUSED_ACTIVATIONS[layer.mlp.act_name]))
     embedding = blocks.get("model.embed_tokens.weight")
     if embedding is not None and blocks_only([embedding]):
         model.embed_tokens = BlockEmbedding(embedding)
@@ -289,10 +298,10 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
         return served
     if tied:
         dense = None if isinstance(model.embed_tokens, BlockEmbedding) else model.embed_tokens.weight
-        model.block_lm_head = BlockLinear(None, dense, head, kernels)
+        model.use_lm_head(BlockLinear(None, dense, head, kernels))
     elif blocks_only([head]):
-        model.lm_head = model.block_lm_head = BlockLinear(None, None, head, kernels)
+        model.use_lm_head(BlockLinear(None, None, head, kernels))
         served.add("lm_head.weight")
     else:
-        model.block_lm_head = BlockLinear(None, model.lm_head.weight, head, kernels)
+        model.use_lm_head(BlockLinear(None, model.lm_head.weight, head, kernels))
     return served

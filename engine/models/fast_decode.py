@@ -39,30 +39,25 @@ import torch
 from torch import nn
 
 from ..kernels.block_layers import (BlockStackGroup, BlockStackLayer, BlockStackShape,
-                                    decoder_layer, native_weight)
+                                    decoder_layer)
 from ..kernels.native import GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear, FusedBlockMLP
-from .packed_stack import FULL, SLIDING, layer_norms, norm_weight
-
-SHARED_SIZES = ("num_heads", "num_kv_heads", "head_dim", "scale")
-"""The attention sizes every layer of a FastDecodeStack shares (BlockStackShape)."""
+from .executors import LayerStep, ModelStep
+from .layer_spec import FULL, SLIDING, native_traits, norms_fit_native
 
 
 class FastDecodeLayer:
+    """A layer executor (executors.py) for decode steps on GGUF blocks."""
+
     def __init__(self, layer: nn.Module, kernels) -> None:
         attn = layer.self_attn
-        self.attn, self.mlp, self.kernels = attn, layer.mlp, kernels
+        self.attn, self.kernels = attn, kernels
         self.layer_idx = attn.layer_idx
-        self.group = SLIDING if attn.is_sliding else FULL
         self.projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
                             layer.mlp.down_proj)
-        self.norms = layer_norms(layer)
-        """(before the attention, before the MLP, on the attention's output, on the
-        MLP's output, per q head, per k head): packed_stack.layer_norms, None where the
-        layer has no such norm."""
-        self.head_norms = self.norms[4:]
-        self.norm_weights = [norm_weight(norm) for norm in self.norms]
-        """What rms_norm multiplies by (Gemma's 1 + weight), kept for the entry."""
+        self.traits = native_traits(layer, layer.spec, self.layer_idx)
+        """The layer's norms, eps, qkv bias and group, as the native struct holds them."""
+        self.group = self.traits.fields["group"]
         self.entry = self._entry()
         """The layer's BlockStackLayer, its cache fields left for _bind."""
         self.shape = BlockStackShape(
@@ -74,16 +69,8 @@ class FastDecodeLayer:
         FastDecodeStack's."""
 
     def _entry(self) -> BlockStackLayer:
-        weights = [None if w is None else w.data_ptr() for w in self.norm_weights]
-        first, second, attn_out, _, q_norm, _ = self.norms
-        bias = self.attn.qkv_proj.bias
-        return BlockStackLayer(
-            weights[0], weights[1], first.eps, second.eps,
-            *(native_weight(p) for p in self.projections),
-            qkv_bias=None if bias is None else bias.data_ptr(), q_norm=weights[4],
-            k_norm=weights[5], qk_eps=0.0 if q_norm is None else q_norm.eps,
-            attn_out_norm=weights[2], mlp_out_norm=weights[3],
-            out_eps=0.0 if attn_out is None else attn_out.eps, group=self.group)
+        qkv, o, gate_up, down = (p.native_weight for p in self.projections)
+        return BlockStackLayer(qkv=qkv, o=o, gate_up=gate_up, down=down, **self.traits.fields)
 
     @property
     def max_rows(self) -> int:
@@ -94,19 +81,15 @@ class FastDecodeLayer:
     @staticmethod
     def applies(layer: nn.Module) -> bool:
         """A layer whose projections and MLP all run on blocks, with no bias but an fp32
-        one on qkv (Qwen2's), and fp32 norms the native halves run: the two before
-        the attention and the MLP, any on their outputs (Gemma 3's, of one eps), any
-        q and k head norms (both, of one eps)."""
+        one on qkv (Qwen2's), and norms the native struct holds (norms_fit_native)."""
         attn = layer.self_attn
-        qkv_bias = getattr(attn.qkv_proj, "bias", None)
-        first, second, attn_out, mlp_out, q_norm, k_norm = layer_norms(layer)
-        return (all(isinstance(p, BlockLinear) for p in (attn.qkv_proj, attn.o_proj))
+        return (isinstance(attn.qkv_proj, BlockLinear) and isinstance(attn.o_proj, BlockLinear)
                 and attn.o_proj.bias is None
-                and (qkv_bias is None or _is_cpu_fp32(qkv_bias))
-                and isinstance(getattr(layer.mlp, "fused", None), FusedBlockMLP)
-                and all(norm is None or _is_cpu_fp32(norm.weight)
-                        for norm in (first, second, attn_out, mlp_out, q_norm, k_norm))
-                and _pair_fits(attn_out, mlp_out) and _pair_fits(q_norm, k_norm))
+                and all(p.native_weight is not None for p in (
+                    attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+                and (attn.qkv_proj.bias is None or _is_cpu_fp32(attn.qkv_proj.bias))
+                and isinstance(layer.mlp.fused, FusedBlockMLP)
+                and norms_fit_native(layer, layer.spec))
 
     def _bind(self, kv_cache) -> tuple | None:
         found = self.bound.get(kv_cache, False)
@@ -115,29 +98,24 @@ class FastDecodeLayer:
                 (BlockStackLayer * 1)(self.entry), [self.layer_idx], self.shape, kv_cache)
         return found
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta) -> torch.Tensor | None:
-        """The layer's output [T, hidden], or None when this step is not for it.
-        cos, sin: this layer's rotary tables; meta: the step's (full group's)
-        metadata, whose `sliding` a sliding layer reads."""
-        group_meta = meta.sliding if self.group == SLIDING else meta
-        if not (group_meta is not None and hidden.dim() == 2
+    def _group_meta(self, step: LayerStep):
+        return step.meta.sliding if self.group == SLIDING else step.meta
+
+    def fits(self, step: LayerStep) -> bool:
+        """A decode-only step of at most max_rows fp32 rows whose tensors the native
+        calls read (_step_fits), on a cache of one fp32 or bf16 layout."""
+        hidden, group_meta = step.hidden, self._group_meta(step)
+        return (group_meta is not None and hidden.dim() == 2
                 and hidden.shape[0] <= self.max_rows and _is_cpu_fp32(hidden)
-                and _step_fits(group_meta, cos, sin, hidden.shape[0], self.attn.head_dim)):
-            return None
-        bound = self._bind(kv_cache)
-        if bound is None:
-            return None
-        entries, shape = bound
-        return decoder_layer(self.kernels, hidden, entries[0], shape,
-                             _group(group_meta, cos, sin))
+                and _step_fits(group_meta, step.cos, step.sin, hidden.shape[0],
+                               self.attn.head_dim)
+                and self._bind(step.kv_cache) is not None)
 
-
-def _pair_fits(one, other) -> bool:
-    """Both norms or neither; when both, of one eps (the entry holds one)."""
-    if one is None or other is None:
-        return one is None and other is None
-    return one.eps == other.eps
+    def run(self, step: LayerStep) -> torch.Tensor:
+        """The layer's output [T, hidden]."""
+        entries, shape = self._bind(step.kv_cache)
+        return decoder_layer(self.kernels, step.hidden, entries[0], shape,
+                             _group(self._group_meta(step), step.cos, step.sin))
 
 
 def _is_cpu_fp32(tensor: torch.Tensor) -> bool:
@@ -198,8 +176,8 @@ def _group(meta, cos: torch.Tensor, sin: torch.Tensor) -> BlockStackGroup:
 
 
 class FastDecodeStack:
-    """Every FastDecodeLayer of the model in one call (the model's `layer_stacks`):
-    the same steps, the same output, bit for bit (tests/engine/test_packed_stack.py)."""
+    """Every FastDecodeLayer of the model in one call (a whole-stack executor): the
+    same steps, the same output, bit for bit (tests/engine/test_packed_stack.py)."""
 
     def __init__(self, layers: list[FastDecodeLayer], kernels) -> None:
         self.layers, self.kernels = layers, kernels
@@ -216,12 +194,10 @@ class FastDecodeStack:
         never share what a call reads)."""
 
     @staticmethod
-    def build(model: nn.Module, kernels) -> "FastDecodeStack | None":
-        """A stack when every layer has a FastDecodeLayer and they share their sizes
-        and activation."""
-        layers = [getattr(layer, "fast_decode", None) for layer in getattr(model, "layers", [])]
-        if not layers or not all(isinstance(layer, FastDecodeLayer) for layer in layers) \
-                or not hasattr(kernels, "library"):
+    def build(layers: list, kernels) -> "FastDecodeStack | None":
+        """A stack when every layer has a FastDecodeLayer (`layers`: each layer's, or
+        None) and they share their sizes and activation."""
+        if not layers or not all(isinstance(layer, FastDecodeLayer) for layer in layers):
             return None
         first = layers[0]
         if any(bytes(layer.shape) != bytes(first.shape) for layer in layers):
@@ -235,31 +211,34 @@ class FastDecodeStack:
                                                      self.shape, kv_cache)
         return found
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta, sliding_rope: tuple | None = None) -> torch.Tensor | None:
-        """The last layer's output [T, hidden], or None when this step is not for it
-        (FastDecodeLayer's conditions, checked once for all layers). cos, sin: the
-        rotary tables of the full-attention layers (of every layer without
-        `sliding_rope`); sliding_rope: Gemma 3's (cos, sin) of its local layers."""
+    def _group_views(self, step: ModelStep):
+        """(group, metadata, cos, sin) of each attention group the layers read."""
+        for group in self.groups:
+            if group == FULL or step.sliding_rope is None:
+                cos, sin = step.cos, step.sin
+            else:
+                cos, sin = step.sliding_rope
+            yield group, step.meta if group == FULL else step.meta.sliding, cos, sin
+
+    def fits(self, step: ModelStep) -> bool:
+        """FastDecodeLayer's conditions, checked once for all layers."""
+        hidden = step.hidden
         rows = hidden.shape[0]
         if not (hidden.dim() == 2 and rows <= self.max_rows and _is_cpu_fp32(hidden)):
-            return None
+            return False
+        return all(meta is not None and _step_fits(meta, cos, sin, rows, self.shape.dim)
+                   for _, meta, cos, sin in self._group_views(step)) \
+            and self._bind(step.kv_cache) is not None
+
+    def run(self, step: ModelStep) -> torch.Tensor:
+        """The last layer's output [T, hidden]."""
         groups = (BlockStackGroup * 2)()
-        for group in self.groups:
-            group_meta = meta if group == FULL else meta.sliding
-            group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
-                else sliding_rope
-            if group_meta is None or not _step_fits(group_meta, group_cos, group_sin, rows,
-                                                    self.shape.dim):
-                return None
-            groups[group] = _group(group_meta, group_cos, group_sin)
-        bound = self._bind(kv_cache)
-        if bound is None:
-            return None
-        entries, shape = bound
-        x = hidden.clone()
+        for group, meta, cos, sin in self._group_views(step):
+            groups[group] = _group(meta, cos, sin)
+        entries, shape = self._bind(step.kv_cache)
+        x = step.hidden.clone()
         status = self.function(entries, len(self.layers), ctypes.byref(shape), groups,
-                               len(groups), x.data_ptr(), rows, self.kernels.num_threads)
+                               len(groups), x.data_ptr(), x.shape[0], self.kernels.num_threads)
         if status:
             raise kernel_failure("block_decoder_stack", status)
         return x

@@ -15,10 +15,25 @@ from torch import nn
 
 from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
+from .executors import LayerStep, ModelStep, run_layer, run_stack
+from .layer_spec import LayerSpec
 from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
 from .llama import LlamaFamilyForCausalLM
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def gemma3_spec(config: Any) -> LayerSpec:
+    """Gemma 3's layer traits: q/k head norms, sandwich norms, (1 + weight) norms,
+    GELU (tanh), and its pattern of sliding layers."""
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ValueError("attn_logit_softcapping is not supported")
+    bias = bool(getattr(config, "attention_bias", False))
+    sliding = tuple(t == SLIDING for t in config.layer_types)
+    return LayerSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True,
+                     sandwich_norms=True, norm_offset=1.0,
+                     activation=config.hidden_activation, layer_is_sliding=sliding,
+                     sliding_window=int(config.sliding_window) if any(sliding) else None)
 
 
 def layer_rope_parameters(config: Any, layer_type: str) -> dict:
@@ -35,23 +50,21 @@ def layer_rope_parameters(config: Any, layer_type: str) -> dict:
 
 
 class Gemma3Attention(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, is_sliding: bool) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
         super().__init__()
-        if getattr(config, "attn_logit_softcapping", None) is not None:
-            raise ValueError("attn_logit_softcapping is not supported")
         self.layer_idx = layer_idx
-        self.is_sliding = is_sliding
+        self.is_sliding = spec.layer_is_sliding[layer_idx]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = config.query_pre_attn_scalar ** -0.5
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, offset=1.0)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, spec.norm_offset)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, spec.norm_offset)
 
     def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata,
                 backend):
@@ -68,30 +81,29 @@ class Gemma3Attention(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, is_sliding: bool) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
         super().__init__()
-        eps = config.rms_norm_eps
-        self.is_sliding = is_sliding
-        self.self_attn = Gemma3Attention(config, layer_idx, is_sliding)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
-                            config.hidden_activation, bias=False)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
-        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
-        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
-        self.fast_decode = None
-        """Optional callable (hidden, cos, sin, kv_cache, meta) -> the output or None
-        (not for this step): see models/fast_decode.py."""
+        eps, offset = config.rms_norm_eps, spec.norm_offset
+        self.spec = spec
+        self.is_sliding = spec.layer_is_sliding[layer_idx]
+        self.self_attn = Gemma3Attention(config, spec, layer_idx)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, spec.activation,
+                            bias=spec.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
 
-    def forward(self, hidden, rope, kv_cache, meta, backend, layer_step=None):
-        """`layer_step`: a compiled `torch_step` (compile_paths.py) or None."""
-        cos, sin = rope[SLIDING if self.is_sliding else FULL]
+    def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None,
+                executors: tuple = ()):
+        """cos, sin: this layer's rotary tables (its group's); `layer_step`, `executors`:
+        as llama.DecoderLayer.forward's."""
         key_cache = kv_cache.key_caches[self.self_attn.layer_idx]
         value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
         if layer_step is not None:
             return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
-        if self.fast_decode is not None:
-            out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
+        if executors:
+            out = run_layer(executors, LayerStep(hidden, cos, sin, kv_cache, meta, backend))
             if out is not None:
                 return out
         return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
@@ -112,15 +124,12 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
     def __init__(self, config: Any) -> None:
         nn.Module.__init__(self)
         self.config = config
-        layer_types = config.layer_types
-        self.sliding_window = int(config.sliding_window) if SLIDING in layer_types else None
-        self.layer_is_sliding = [t == SLIDING for t in layer_types]
+        self.spec = gemma3_spec(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.hidden_size ** 0.5
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, i, self.layer_is_sliding[i])
-            for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=1.0)
+            Gemma3DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.spec.norm_offset)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
@@ -128,10 +137,7 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         self.rotaries = nn.ModuleDict({
             kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config)
             for kind in (SLIDING, FULL)})
-        self.attn_backend = get_backend("torch")
-        self.layer_stacks: list = []
-        """Whole-stack native paths (fast_decode.FastDecodeStack, packed_stack.PackedStack),
-        as LlamaFamilyForCausalLM's; both take the local layers' rotary tables."""
+        self.init_common()
 
     def reset_buffers(self, device: torch.device) -> None:
         for rotary in self.rotaries.values():
@@ -143,13 +149,16 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
         rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
+        executors = self.executors
         if layer_step is None and self.attn_backend.name == "torch":
-            for stack in self.layer_stacks:
-                out = stack(hidden, *rope[FULL], kv_cache, meta, sliding_rope=rope[SLIDING])
-                if out is not None:
-                    return self.norm(out)
-        for layer in self.layers:
-            hidden = layer(hidden, rope, kv_cache, meta, self.attn_backend, layer_step)
+            out = run_stack(executors, ModelStep(hidden, *rope[FULL], kv_cache, meta,
+                                                 sliding_rope=rope[SLIDING]))
+            if out is not None:
+                return self.norm(out)
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[SLIDING if layer.is_sliding else FULL]
+            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step,
+                           executors.of_layer(i))
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -73,8 +73,13 @@ class GatedMLP(nn.Module):
         self.act = ACTIVATIONS[act]
         self.act_name = act
         self.fused = None
-        """Optional callable x -> output or None (not for this step), set when the
-        projections can run as one native call (models/block_weights.py)."""
+        """Optional callable x -> output or None (not for this step), given at load
+        (use_fused) when the projections can run as one native call
+        (block_weights.FusedBlockMLP, paired_mlp.PairedMLP)."""
+
+    def use_fused(self, fused) -> None:
+        """The MLP's native path, chosen at load."""
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None and not torch.compiler.is_compiling():  # native kernel

@@ -16,36 +16,34 @@ from torch import nn
 from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
+from .executors import Executors, LayerStep, ModelStep, run_layer, run_stack
+from .layer_spec import LayerSpec
 from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
 
 
-class FamilyTraits:
-    """What distinguishes the families this file serves."""
-
-    def __init__(self, config: Any) -> None:
-        model_type = config.model_type
-        self.qkv_bias = model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
-        self.o_bias = model_type != "qwen2" and bool(getattr(config, "attention_bias", False))
-        self.mlp_bias = bool(getattr(config, "mlp_bias", False))
-        self.qk_norm = model_type == "qwen3"
-        window = getattr(config, "sliding_window", None)
-        layer_types = getattr(config, "layer_types", None) or (
-            ["sliding_attention" if model_type == "mistral" else "full_attention"]
-            * config.num_hidden_layers)
-        self.sliding_window = int(window) if window else None
-        """Sliding layers attend to the last `sliding_window` positions (Mistral: all
-        layers; Qwen2 with use_sliding_window: per its layer_types)."""
-        self.layer_is_sliding = [t == "sliding_attention" and self.sliding_window is not None
-                                 for t in layer_types]
-        if not any(self.layer_is_sliding):
-            self.sliding_window = None
+def llama_spec(config: Any) -> LayerSpec:
+    """The layer traits of the families this file serves, from their config."""
+    model_type = config.model_type
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or (
+        ["sliding_attention" if model_type == "mistral" else "full_attention"]
+        * config.num_hidden_layers)
+    # Mistral: every layer slides; Qwen2 with use_sliding_window: per its layer_types
+    sliding = tuple(t == "sliding_attention" and bool(window) for t in layer_types)
+    return LayerSpec(qkv_bias=model_type == "qwen2" or attention_bias,
+                     o_bias=model_type != "qwen2" and attention_bias,
+                     mlp_bias=bool(getattr(config, "mlp_bias", False)),
+                     qk_norm=model_type == "qwen3", sandwich_norms=False, norm_offset=0.0,
+                     activation=config.hidden_act, layer_is_sliding=sliding,
+                     sliding_window=int(window) if any(sliding) else None)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any, traits: FamilyTraits, layer_idx: int) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.is_sliding = traits.layer_is_sliding[layer_idx]
+        self.is_sliding = spec.layer_is_sliding[layer_idx]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -53,10 +51,10 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=traits.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=traits.o_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if traits.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+                                  bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if spec.qk_norm else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -118,33 +116,26 @@ def native_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, traits: FamilyTraits, layer_idx: int) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
         super().__init__()
+        self.spec = spec
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, traits, layer_idx)
+        self.self_attn = Attention(config, spec, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
-                            config.hidden_act, traits.mlp_bias)
-        self.fast_decode = None
-        """Optional callable with this forward's arguments (but the backend) that
-        returns the output or None (not for this step): see models/fast_decode.py."""
-        self.fast_steps = None
-        """Optional callable with this forward's arguments, tried next, likewise: see
-        models/packed_layer.py."""
+                            spec.activation, spec.mlp_bias)
 
-    def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None):
+    def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None,
+                executors: tuple = ()):
         """`layer_step`: a compiled `torch_step` (compile_paths.py) that replaces the
-        CPU shortcuts and the modules' eager path for this step, or None."""
+        executors and the modules' eager path for this step, or None. `executors`:
+        this layer's (executors.py), tried before the modules."""
         key_cache = kv_cache.key_caches[self.self_attn.layer_idx]
         value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
         if layer_step is not None:
             return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
-        if self.fast_decode is not None:
-            out = self.fast_decode(hidden, cos, sin, kv_cache, meta)
-            if out is not None:
-                return out
-        if self.fast_steps is not None:
-            out = self.fast_steps(hidden, cos, sin, kv_cache, meta, backend)
+        if executors:
+            out = run_layer(executors, LayerStep(hidden, cos, sin, kv_cache, meta, backend))
             if out is not None:
                 return out
         return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
@@ -161,22 +152,40 @@ class LlamaFamilyForCausalLM(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        traits = FamilyTraits(config)
+        self.spec = llama_spec(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, traits, i) for i in range(config.num_hidden_layers))
+            DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
+        """None for tied embeddings until use_lm_head gives the head a method of its
+        own (linear_methods.py); logits then multiply the embedding table."""
         head_dim = self.layers[0].self_attn.head_dim
         self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config)
-        self.sliding_window = traits.sliding_window
-        self.layer_is_sliding = traits.layer_is_sliding
+        self.init_common()
+
+    def init_common(self) -> None:
+        """What every family of ours sets up alike (after self.spec)."""
+        self.sliding_window = self.spec.sliding_window
+        self.layer_is_sliding = list(self.spec.layer_is_sliding)
         self.attn_backend = get_backend("torch")
-        self.layer_stacks: list = []
-        """Whole-stack native paths (fast_decode.FastDecodeStack, packed_stack.PackedStack):
-        each runs every layer in one call on the steps it takes, else returns None."""
+        self.executors = Executors()
+        """How steps may run besides the modules (executors.py): set once at load by
+        use_executors."""
+
+    def use_executors(self, executors: Executors) -> None:
+        """The executors chosen for this model (executor_choice.py)."""
+        if executors.layers and len(executors.layers) != len(self.layers):
+            raise ValueError(f"executors for {len(executors.layers)} layers, model has "
+                             f"{len(self.layers)}")
+        self.executors = executors
+
+    def use_lm_head(self, head: nn.Module) -> None:
+        """The LM head's linear method (linear_methods.py): any module mapping
+        [N, hidden] -> [N, vocab]."""
+        self.lm_head = head
 
     @property
     def num_kv_heads(self) -> int:
@@ -192,23 +201,21 @@ class LlamaFamilyForCausalLM(nn.Module):
         see DecoderLayer.forward."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
+        executors = self.executors
         if layer_step is None and self.attn_backend.name == "torch":
-            for stack in self.layer_stacks:
-                out = stack(hidden, cos, sin, kv_cache, meta)
-                if out is not None:
-                    return self.norm(out)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step)
+            out = run_stack(executors, ModelStep(hidden, cos, sin, kv_cache, meta))
+            if out is not None:
+                return self.norm(out)
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step,
+                           executors.of_layer(i))
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
-        head = (getattr(self, "int8_lm_head", None) or getattr(self, "bf16_lm_head", None)
-                or getattr(self, "block_lm_head", None) or getattr(self, "packed_lm_head", None))
-        if head is not None:
-            return head(hidden).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
 
     def reset_buffers(self, device: torch.device) -> None:
         """Rebuild non-checkpoint buffers (after meta-device construction)."""

@@ -32,23 +32,25 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .linear_base import LinearMethod
 from .packed_linear import pack_in_place, packed_linear
 
 MIXED_DTYPE_NAMES = ("bf16-weights", "bfloat16-weights")
 INT8_DTYPE_NAMES = ("int8-weights",)
 
 
-class Bf16WeightLinear(nn.Module):
+class Bf16WeightLinear(LinearMethod):
     """A linear layer with bf16 weights and fp32 (or any) activations."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear.in_features, linear.out_features)
         self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().float(), requires_grad=False)
         """fp32, added to the fp32 product (Qwen2's qkv): no bf16 rounding between."""
-        self.packed = None
+
+    def describe(self) -> str:
+        return "bf16 weights" + (", packed" if self.packed is not None else "")
 
     def pack_dense(self) -> bool:
         """Pack the bf16 weight for oneDNN and drop the unpacked one (packed_linear.py)."""
@@ -68,18 +70,17 @@ than the usual gap between a row's 1st and 16th logit, so fp32's argmax is among
 bf16's top 16 but in nearly flat rows."""
 
 
-class Bf16RescoredHead(nn.Module):
+class Bf16RescoredHead(LinearMethod):
     """LM head: bf16 logits for the whole vocabulary, then each row's top candidates
     recomputed exactly from the fp32 weight. Rows up to its `max_rows` use
     `exact_head` (a block-kernel head) when there is one."""
 
     def __init__(self, weight: torch.Tensor, exact_head: nn.Module | None) -> None:
-        super().__init__()
+        super().__init__(weight.shape[1], weight.shape[0])
         self.weight = weight                                   # [vocab, hidden] fp32, shared
         self.register_buffer("weight_bf16", weight.detach().to(torch.bfloat16),
                              persistent=False)
         self.exact_head = exact_head
-        self.packed = None
         from ..kernels import default_kernels
         self.kernels = default_kernels()
         """Native finish of the large steps (kernels/head_rescore.c), or None."""
@@ -87,6 +88,12 @@ class Bf16RescoredHead(nn.Module):
     def pack_dense(self) -> bool:
         """Pack the bf16 copy for oneDNN and drop the unpacked one (packed_linear.py)."""
         return pack_in_place(self, "weight_bf16")
+
+    def describe(self) -> str:
+        exact = "" if self.exact_head is None else (
+            f"; up to {self.exact_head.max_rows} rows GGUF blocks "
+            + "+".join(part.kind for part in self.exact_head.parts))
+        return f"bf16 logits, top {RESCORED_CANDIDATES} redone in fp32{exact}"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] fp32 -> logits [N, vocab] fp32."""
@@ -124,11 +131,12 @@ def use_bf16_weights(model: nn.Module) -> nn.Module:
                     setattr(parent, name, Bf16WeightLinear(child))
                 elif isinstance(child, BlockLinear):
                     child.use_bf16_dense()
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    exact_head = getattr(model, "block_lm_head", None)
+    head = model.lm_head
+    weight = model.embed_tokens.weight if head is None else head.weight
+    exact_head = head if isinstance(head, BlockLinear) else None
     if exact_head is not None:
         exact_head.max_rows = BF16_KERNEL_ROWS
-    model.bf16_lm_head = Bf16RescoredHead(head, exact_head)
+    model.use_lm_head(Bf16RescoredHead(weight, exact_head))
     model.kv_cache_dtype = torch.bfloat16
     return model
 
@@ -139,12 +147,12 @@ other sizes); layers whose in_features is not a multiple use the same int8 value
 dequantized to bf16 with an ordinary matmul."""
 
 
-class Int8WeightLinear(nn.Module):
+class Int8WeightLinear(LinearMethod):
     """y = x @ (w_int8 * scale).T (+ bias): per-output-channel symmetric int8 weights,
     bf16 activations."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
+        super().__init__(weight.shape[1], weight.shape[0])
         weight = weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)             # [out]
         quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
@@ -156,6 +164,9 @@ class Int8WeightLinear(nn.Module):
                              .to(torch.bfloat16))
         self.bias = None if bias is None else nn.Parameter(
             bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    def describe(self) -> str:
+        return "int8 weights, per-channel scales" + ("" if self.use_kernel else ", dequantized")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -178,5 +189,5 @@ def use_int8_weights(model: nn.Module) -> nn.Module:
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, Int8WeightLinear(child.weight, child.bias))
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.int8_lm_head = Int8WeightLinear(head, None)
+    model.use_lm_head(Int8WeightLinear(head, None))
     return model

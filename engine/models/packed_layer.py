@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from .block_weights import BlockLinear, FusedBlockMLP
+from .executors import LayerStep
+from .linear_base import LinearMethod, packed_weight
 from .packed_linear import PackedWeight, packed_gated, packed_linear
 from .paired_mlp import PairedMLP
 
@@ -36,23 +38,24 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packed_of(module: nn.Module) -> PackedWeight | None:
-    """The module's packed weight, where it has one and no bias."""
-    packed = getattr(module, "packed", None)
-    usable = packed is not None and getattr(module, "bias", None) is None
-    return packed if usable else None
+    """The projection's packed weight, where it has one and no bias."""
+    return packed_weight(module)
 
 
 def packed_with_bias(module: nn.Module) -> tuple[PackedWeight | None, torch.Tensor | None]:
-    """(packed weight, its fp32 bias or None), or (None, None) where the module has no
-    packed weight or a bias of another dtype (Qwen2's qkv carries a bias)."""
-    packed, bias = getattr(module, "packed", None), getattr(module, "bias", None)
-    if packed is None or (bias is not None and (bias.dtype != torch.float32
-                                                or bias.device.type != "cpu")):
+    """(packed weight, its fp32 bias or None), or (None, None) where the projection has
+    no packed weight or a bias of another dtype (Qwen2's qkv carries a bias)."""
+    if not isinstance(module, LinearMethod) or module.packed is None:
         return None, None
-    return packed, None if bias is None else bias.detach().contiguous()
+    bias = module.bias
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        return None, None
+    return module.packed, None if bias is None else bias.detach().contiguous()
 
 
 class PackedLayer:
+    """A layer executor (executors.py) for CPU steps past the block kernels' rows."""
+
     def __init__(self, layer: nn.Module, kernels) -> None:
         attn = layer.self_attn
         self.attn, self.layer, self.kernels = attn, layer, kernels
@@ -71,32 +74,37 @@ class PackedLayer:
         """A Llama-style layer (plain RMSNorms, no q/k norm, full attention) whose qkv
         (with or without an fp32 bias, as Qwen2's) and o (without) projections are
         packed in one dtype."""
-        attn = getattr(layer, "self_attn", None)
-        if attn is None or getattr(attn, "q_norm", None) is not None or attn.is_sliding:
+        spec, attn = layer.spec, layer.self_attn
+        if spec.qk_norm or spec.sandwich_norms or spec.norm_offset or attn.is_sliding:
             return False
         (qkv, _), o = packed_with_bias(attn.qkv_proj), packed_of(attn.o_proj)
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         return (qkv is not None and o is not None and qkv.dtype == o.dtype
-                and qkv.dtype in PACKED_DTYPES and not hasattr(layer, "pre_feedforward_layernorm")
-                and all(not n.offset and n.weight.dtype == torch.float32 for n in norms))
+                and qkv.dtype in PACKED_DTYPES
+                and all(n.weight.dtype == torch.float32 for n in norms))
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta, backend) -> torch.Tensor | None:
-        """The layer's output [T, hidden], or None when this step is not for it."""
-        attn, kernels = self.attn, self.kernels
-        rows = hidden.shape[0]
-        key_cache = kv_cache.key_caches[attn.layer_idx]
-        value_cache = kv_cache.value_caches[attn.layer_idx]
-        if not (rows > self.block_rows and hidden.dim() == 2 and hidden.dtype == torch.float32
-                and hidden.is_contiguous() and hidden.device.type == "cpu"
-                and step_fits(meta, cos, sin, key_cache, value_cache)):
-            return None
-        fp32 = torch.float32
+    def fits(self, step: LayerStep) -> bool:
+        """Rows past the block kernels', fp32 CPU hidden states, and a step and cache
+        the native RoPE and attention take (step_fits)."""
+        hidden, layer_idx = step.hidden, self.attn.layer_idx
+        return (hidden.shape[0] > self.block_rows and hidden.dim() == 2
+                and hidden.dtype == torch.float32 and hidden.is_contiguous()
+                and hidden.device.type == "cpu"
+                and step_fits(step.meta, step.cos, step.sin, step.kv_cache.key_caches[layer_idx],
+                              step.kv_cache.value_caches[layer_idx]))
+
+    def run(self, step: LayerStep) -> torch.Tensor:
+        """The layer's output [T, hidden]."""
+        attn, kernels, fp32 = self.attn, self.kernels, torch.float32
+        key_cache = step.kv_cache.key_caches[attn.layer_idx]
+        value_cache = step.kv_cache.value_caches[attn.layer_idx]
+        hidden = step.hidden
         qkv = packed_linear(kernels.rms_norm(hidden, self.first.weight, self.first.eps,
                                              self.dtype), self.qkv, fp32)
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        out = attn.attend_native(qkv, cos, sin, key_cache, value_cache, meta, backend, kernels)
+        out = attn.attend_native(qkv, step.cos, step.sin, key_cache, value_cache, step.meta,
+                                 step.backend, kernels)
         hidden = hidden + packed_linear(out.to(self.dtype), self.o, fp32)
         if self.gate_up is None:
             return hidden + self.layer.mlp(self.second(hidden))
@@ -128,14 +136,3 @@ def step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tenso
                and key_cache.is_contiguous() and value_cache.is_contiguous())
     _last_step = (meta, verdict)
     return verdict
-
-
-def use_packed_layers(model: nn.Module, kernels) -> int:
-    """Give every layer it applies to a PackedLayer (DecoderLayer.fast_steps); returns
-    how many."""
-    count = 0
-    for layer in getattr(model, "layers", []):
-        if hasattr(layer, "fast_steps") and PackedLayer.applies(layer):
-            layer.fast_steps = PackedLayer(layer, kernels)
-            count += 1
-    return count

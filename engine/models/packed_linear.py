@@ -13,11 +13,8 @@ another order, as with any other BLAS). A packed weight is an opaque oneDNN tens
 only `packed_linear` reads it, it stays on the CPU, and it is kept as a plain
 attribute, not a parameter or buffer, so module-wide `.to()` / state_dict never meet it.
 
-`pack_dense_weights(model)` asks every module with a `pack_dense()` method (the block
-projections, the bf16 projections and LM head) to pack its dense weight, turns the
-decoder layers' plain nn.Linear modules into PackedLinear, and gives a model without
-a special LM head a packed one; the engine calls it for single-process CPU models
-after their dtype is settled. Packed is as fast as F.linear at one row and up to 2x
+method_choice.pack_dense_weights packs a model's dense weights at load, for
+single-process CPU models after their dtype is settled. Packed is as fast as F.linear at one row and up to 2x
 faster from a few rows on (fp32, 4 rows: 0.55 -> 0.15 ms for 576 -> 3072).
 """
 
@@ -28,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+from .linear_base import LinearMethod
 
 PACKING_BATCH_HINT = 64
 """Rows oneDNN tunes the packed layout for; any row count may use it."""
@@ -182,15 +181,18 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight,
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(LinearMethod):
     """An nn.Linear whose weight lives packed (see above); y = x @ W^T + b."""
 
-    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None,
+    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None,
                  in_features: int, out_features: int) -> None:
-        super().__init__()
+        super().__init__(in_features, out_features)
         self.packed = packed
         self.bias = bias
-        self.in_features, self.out_features = in_features, out_features
+
+    def describe(self) -> str:
+        pairs = " + bf16 pairs" if self.packed.pairs is not None else ""
+        return f"dense {_dtype_name(self.packed.dtype)}, packed{pairs}"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PackedLinear | None":
@@ -204,33 +206,5 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-SPECIAL_HEADS = ("int8_lm_head", "bf16_lm_head", "block_lm_head")
-
-
-def pack_dense_weights(model: nn.Module) -> int:
-    """Pack every dense projection that can be; returns how many were."""
-    count = sum(1 for module in list(model.modules())
-                if hasattr(module, "pack_dense") and module.pack_dense())
-    for module in model.modules():          # gated MLPs: gate/up pairs for packed_gated
-        gate_up = getattr(getattr(module, "fused", None), "gate_up", None)
-        if isinstance(getattr(gate_up, "packed", None), PackedWeight):
-            gate_pairs(gate_up.packed)
-    from .paired_mlp import use_paired_mlps         # (imports this module)
-
-    use_paired_mlps(model)
-    for layer in getattr(model, "layers", []):
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    packed = PackedLinear.from_linear(child)
-                    if packed is not None:
-                        setattr(parent, name, packed)
-                        count += 1
-    if hasattr(model, "embed_tokens") and not any(
-            getattr(model, name, None) is not None for name in SPECIAL_HEADS):
-        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-        packed = pack_weight(weight)
-        if packed is not None:
-            model.packed_lm_head = PackedLinear(packed, None, weight.shape[1], weight.shape[0])
-            count += 1
-    return count
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

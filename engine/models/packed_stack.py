@@ -47,13 +47,11 @@ import weakref
 import torch
 from torch import nn
 
-from ..kernels.native import GATED_ACTIVATIONS, kernel_failure
+from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear
+from .executors import ModelStep
+from .layer_spec import FULL, NativeTraits, native_traits, norms_fit_native
 from .packed_layer import packed_of, packed_with_bias, step_fits
-from .paired_mlp import FUSED_ACTIVATIONS
-
-FULL, SLIDING = 0, 1                                  # StackLayer.group
-
 
 class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
@@ -83,76 +81,33 @@ class _Group(ctypes.Structure):            # decoder_stack.c's StackGroup
                 ("lengths", ctypes.c_void_p), ("width", ctypes.c_int64)]
 
 
-def usable_norm(norm: nn.Module | None) -> bool:
-    return norm is None or (norm.weight.dtype == torch.float32
-                            and norm.weight.device.type == "cpu")
-
-
-def norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
-    """The fp32 weight rms_norm multiplies by: Gemma's 1 + weight, else the weight."""
-    if norm is None:
-        return None
-    weight = norm.weight.detach()
-    return (weight + norm.offset).contiguous() if norm.offset else weight.contiguous()
-
-
-def layer_norms(layer: nn.Module) -> tuple:
-    """(before the attention, before the MLP, on the attention's output, on the MLP's
-    output, per q head, per k head); None where the layer has no such norm."""
-    attn = layer.self_attn
-    heads = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
-    if hasattr(layer, "pre_feedforward_layernorm"):                 # Gemma 3's sandwich
-        return (layer.input_layernorm, layer.pre_feedforward_layernorm,
-                layer.post_attention_layernorm, layer.post_feedforward_layernorm) + heads
-    return (layer.input_layernorm, layer.post_attention_layernorm, None, None) + heads
-
-
 def _weights(layer: nn.Module) -> tuple | None:
-    """(qkv, o, gate_up, down, activation) of a layer the stack can run, or None."""
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if attn is None or mlp is None:
-        return None
+    """(qkv, o, gate_up, down) bf16 pairs of a layer the stack can run, or None."""
+    attn, mlp = layer.self_attn, layer.mlp
     packed = [packed_with_bias(attn.qkv_proj)[0]] + [
         packed_of(m) for m in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    activation = FUSED_ACTIVATIONS.get(getattr(mlp, "act_name", None))
-    if activation is None or any(p is None or p.pairs is None or p.dtype != torch.bfloat16
-                                 for p in packed):
+    if FUSED_ACTIVATIONS.get(layer.spec.activation) is None or any(
+            p is None or p.pairs is None or p.dtype != torch.bfloat16 for p in packed):
         return None
     qkv, o, gate_up, down = packed
     if not gate_up.gated_inter or any(p.gated_inter for p in (qkv, o, down)):
         return None
-    return qkv, o, gate_up, down, activation
+    return qkv, o, gate_up, down
+
+
+def _describe(layer: nn.Module) -> tuple[_Layer, NativeTraits] | None:
+    """The layer's StackLayer (cache fields left for _bind) and the trait tensors it
+    points at, or None where the stack cannot run it."""
+    weights = _weights(layer)
+    if weights is None or not norms_fit_native(layer, layer.spec):
+        return None
+    traits = native_traits(layer, layer.spec, layer.self_attn.layer_idx)
+    qkv, o, gate_up, down = (p.pairs.data_ptr() for p in weights)
+    return _Layer(qkv=qkv, o=o, gate_up=gate_up, down=down, **traits.fields), traits
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
-
-
-def _describe(layer: nn.Module) -> tuple[_Layer, list[torch.Tensor], str] | None:
-    """The layer's StackLayer (cache fields left for _bind), the tensors it points at
-    and its MLP's activation, or None where the stack cannot run it."""
-    weights = _weights(layer)
-    norms = layer_norms(layer) if weights is not None else ()
-    if weights is None or not all(usable_norm(n) for n in norms) or (
-            (norms[4] is None) != (norms[5] is None)):
-        return None
-    first, second, attn_out, mlp_out, q_norm, k_norm = norms
-    if (attn_out is not None and attn_out.eps != mlp_out.eps) or (
-            q_norm is not None and q_norm.eps != k_norm.eps):
-        return None
-    scaled = [norm_weight(n) for n in norms]
-    pointers = [_pointer(t) for t in scaled]
-    qkv, o, gate_up, down, activation = weights
-    bias = packed_with_bias(layer.self_attn.qkv_proj)[1]
-    entry = _Layer(pointers[0], pointers[1], first.eps, second.eps, qkv.pairs.data_ptr(),
-                   o.pairs.data_ptr(), gate_up.pairs.data_ptr(), down.pairs.data_ptr(),
-                   None, None, 0, pointers[4], pointers[5], pointers[2], pointers[3],
-                   0.0 if q_norm is None else q_norm.eps,
-                   0.0 if attn_out is None else attn_out.eps,
-                   SLIDING if layer.self_attn.is_sliding else FULL, _pointer(bias))
-    kept = [t for t in scaled + [bias] if t is not None] + [
-        p.pairs for p in (qkv, o, gate_up, down)]
-    return entry, kept, activation
 
 
 def _contexts(meta, rows: int) -> tuple | None:
@@ -175,23 +130,24 @@ def _contexts(meta, rows: int) -> tuple | None:
 
 
 class PackedStack:
+    """A whole-stack executor (executors.py) on bf16 pairs."""
+
     def __init__(self, layers: list[nn.Module], described: list, kernels,
-                 activation: str) -> None:
+                 fast_decode_layers: bool) -> None:
         attn = layers[0].self_attn
         self.kernels, self.function = kernels, kernels.library.bf16_decoder_stack
         block_rows = max(module.max_rows if isinstance(module, BlockLinear) else 0
                          for layer in layers
                          for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                         layer.mlp.gate_up_proj, layer.mlp.down_proj))
-        fast = all(getattr(layer, "fast_decode", None) is not None for layer in layers)
-        self.block_rows = block_rows if fast else 0
+        self.block_rows = block_rows if fast_decode_layers else 0
         """Steps of at most this many rows are the block kernels' (GGUF models whose
         layers all have a FastDecodeLayer, one native call per step at those rows).
         Layers with blocks but no fast decode path would run those steps in the Python
         layer loop, slower at one row than this stack on bf16 weights (it skips ~12
         calls per layer), so the stack serves them from one row up."""
-        self.layers = (_Layer * len(layers))(*(entry for entry, _, _ in described))
-        self.kept = [tensors for _, tensors, _ in described]  # what the pointers point at
+        self.layers = (_Layer * len(layers))(*(entry for entry, _ in described))
+        self.kept = [traits for _, traits in described]      # what the pointers point at
         self.layer_indices = [layer.self_attn.layer_idx for layer in layers]
         self.group_layers: dict[int, int] = {}
         """group -> the layer index of its first layer, whose cache the step checks."""
@@ -200,30 +156,27 @@ class PackedStack:
         gate_up = layers[0].mlp.gate_up_proj.packed
         self.shape = _Shape(layers[0].input_layernorm.weight.shape[0], attn.num_heads,
                             attn.num_kv_heads, attn.head_dim, gate_up.gated_inter, attn.scale,
-                            0, GATED_ACTIVATIONS[activation])
+                            0, GATED_ACTIVATIONS[FUSED_ACTIVATIONS[layers[0].spec.activation]])
         self.bound = weakref.WeakKeyDictionary()
         """cache -> (layers, shape) pointing at that cache: one pair per cache, so
         engines with caches of their own never share the structures a call reads."""
 
     @staticmethod
-    def build(model: nn.Module, kernels) -> "PackedStack | None":
-        """A stack over the model's layers when every one of them qualifies and they
-        share their shapes, attention scale and activation."""
-        layers = list(getattr(model, "layers", []))
+    def build(layers: list[nn.Module], kernels, fast_decode_layers: bool) -> "PackedStack | None":
+        """A stack over the model's `layers` when every one of them qualifies and they
+        share their shapes and attention scale. `fast_decode_layers`: every layer has
+        a FastDecodeLayer (the block kernels' steps are theirs)."""
         if not layers or not kernels.has_bf16_gemm:
             return None
         described = [_describe(layer) for layer in layers]
         if any(d is None for d in described):
             return None
-        first = layers[0].self_attn
-        same = ("num_heads", "num_kv_heads", "head_dim", "scale")
-        activations = {activation for _, _, activation in described}
-        inters = {layer.mlp.gate_up_proj.packed.gated_inter for layer in layers}
-        if len(activations) != 1 or len(inters) != 1 or any(
-                getattr(layer.self_attn, name) != getattr(first, name)
-                for layer in layers for name in same):
+        sizes = {(layer.self_attn.num_heads, layer.self_attn.num_kv_heads,
+                  layer.self_attn.head_dim, layer.self_attn.scale,
+                  layer.mlp.gate_up_proj.packed.gated_inter) for layer in layers}
+        if len(sizes) != 1:
             return None
-        return PackedStack(layers, described, kernels, activations.pop())
+        return PackedStack(layers, described, kernels, fast_decode_layers)
 
     def _bind(self, kv_cache) -> tuple | None:
         """The layers and shape pointing at `kv_cache`'s tensors (built once per
@@ -246,19 +199,18 @@ class PackedStack:
             self.bound[kv_cache] = found
         return found
 
-    def _groups(self, meta, cos: torch.Tensor, sin: torch.Tensor, sliding_rope, kv_cache,
-                rows: int):
+    def _groups(self, step: ModelStep):
         """The step's StackGroup per attention group ([full, sliding]; a group no
         layer reads stays zero), or None when a group's step is not for the stack."""
-        groups = (_Group * 2)()
+        groups, rows = (_Group * 2)(), step.hidden.shape[0]
         for group, index in self.group_layers.items():
-            group_meta = meta if group == FULL else meta.sliding
-            group_cos, group_sin = (cos, sin) if group == FULL or sliding_rope is None \
-                else sliding_rope
+            group_meta = step.meta if group == FULL else step.meta.sliding
+            group_cos, group_sin = (step.cos, step.sin) \
+                if group == FULL or step.sliding_rope is None else step.sliding_rope
             contexts = _contexts(group_meta, rows)
             if contexts is None or group_cos.shape[0] != rows or not step_fits(
-                    group_meta, group_cos, group_sin, kv_cache.key_caches[index],
-                    kv_cache.value_caches[index]):
+                    group_meta, group_cos, group_sin, step.kv_cache.key_caches[index],
+                    step.kv_cache.value_caches[index]):
                 return None
             slots, lengths, slot_rows, starts = contexts
             groups[group] = _Group(group_cos.data_ptr(), group_sin.data_ptr(),
@@ -267,25 +219,25 @@ class PackedStack:
                                    lengths.data_ptr(), slots.shape[1])
         return groups
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 kv_cache, meta, sliding_rope: tuple | None = None) -> torch.Tensor | None:
-        """The last layer's output [T, hidden], or None when this step is not for it.
-        cos, sin: the rotary tables of the full-attention layers (of every layer
-        without `sliding_rope`); sliding_rope: Gemma 3's (cos, sin) of its local
-        layers."""
-        rows = hidden.shape[0]
-        if not (self.block_rows < rows and hidden.dim() == 2
+    def fits(self, step: ModelStep) -> bool:
+        """Rows past the block kernels', fp32 CPU hidden states, not a decode fast-path
+        or traced step, every group's contexts for the native attention (_groups) and a
+        cache of one dtype."""
+        hidden = step.hidden
+        return (self.block_rows < hidden.shape[0] and hidden.dim() == 2
                 and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
-                and not meta.decode_fast_path and not torch.compiler.is_compiling()):
-            return None
-        groups = self._groups(meta, cos, sin, sliding_rope, kv_cache, rows)
-        bound = self._bind(kv_cache) if groups is not None else None
-        if bound is None:
-            return None
-        layers, shape = bound
-        x = hidden.contiguous().clone()
-        status = self.function(layers, len(self.kept), ctypes.byref(shape), x.data_ptr(), rows,
-                               groups, len(groups), self.kernels.num_threads)
+                and not step.meta.decode_fast_path and not torch.compiler.is_compiling()
+                and self._groups(step) is not None and self._bind(step.kv_cache) is not None)
+
+    def run(self, step: ModelStep) -> torch.Tensor:
+        """The last layer's output [T, hidden]. cos, sin: the rotary tables of the
+        full-attention layers (of every layer without `sliding_rope`); sliding_rope:
+        Gemma 3's (cos, sin) of its local layers."""
+        layers, shape = self._bind(step.kv_cache)
+        groups = self._groups(step)
+        x = step.hidden.contiguous().clone()
+        status = self.function(layers, len(self.kept), ctypes.byref(shape), x.data_ptr(),
+                               x.shape[0], groups, len(groups), self.kernels.num_threads)
         if status:
             raise kernel_failure("bf16_decoder_stack", status)
         return x

@@ -24,14 +24,14 @@ from torch import nn
 
 from ..kernels.native import FUSED_ACTIVATIONS
 from .block_weights import BlockLinear
+from .linear_base import packed_weight
 from .packed_linear import PackedWeight, gate_pairs, packed_gated, packed_linear
 
 
 
 def _bf16_paired(module: nn.Module) -> PackedWeight | None:
-    packed = getattr(module, "packed", None)
-    usable = (isinstance(packed, PackedWeight) and packed.pairs is not None
-              and packed.dtype == torch.bfloat16 and getattr(module, "bias", None) is None)
+    packed = packed_weight(module)
+    usable = packed is not None and packed.pairs is not None and packed.dtype == torch.bfloat16
     return packed if usable else None
 
 
@@ -49,13 +49,12 @@ class PairedMLP:
     def build(mlp: nn.Module) -> "PairedMLP | None":
         """Pair the MLP's gate/up in place and return its fused call, or None (and
         nothing changed) where the MLP does not qualify."""
-        activation = FUSED_ACTIVATIONS.get(getattr(mlp, "act_name", None))
-        gate_up = _bf16_paired(getattr(mlp, "gate_up_proj", None))
-        down = _bf16_paired(getattr(mlp, "down_proj", None))
+        activation = FUSED_ACTIVATIONS.get(mlp.act_name)
+        gate_up, down = _bf16_paired(mlp.gate_up_proj), _bf16_paired(mlp.down_proj)
         if activation is None or gate_up is None or down is None or mlp.fused is not None:
             return None
         gate_pairs(gate_up)
-        block_rows = max(getattr(m, "max_rows", 0) if isinstance(m, BlockLinear) else 0
+        block_rows = max(m.max_rows if isinstance(m, BlockLinear) else 0
                          for m in (mlp.gate_up_proj, mlp.down_proj))
         return PairedMLP(gate_up, down, activation, block_rows) if gate_up.gated_inter else None
 
@@ -76,10 +75,9 @@ def use_paired_mlps(model: nn.Module) -> int:
     """Give every qualifying GatedMLP of the model's layers a PairedMLP; returns how
     many."""
     count = 0
-    for layer in getattr(model, "layers", []):
-        mlp = getattr(layer, "mlp", None)
-        fused = PairedMLP.build(mlp) if mlp is not None and hasattr(mlp, "fused") else None
+    for layer in model.layers:
+        fused = PairedMLP.build(layer.mlp)
         if fused is not None:
-            mlp.fused = fused
+            layer.mlp.use_fused(fused)
             count += 1
     return count

@@ -35,10 +35,10 @@ def test_compare_loop_times_the_layer_loop_beside_the_stacks(tiny_models, tmp_pa
     rows = json.loads(report_path.read_text())["steps"]
     assert [r["batch"] for r in rows] == [1, 3] and all(r["loop_step_ms"] > 0 for r in rows)
     model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
-    stacks, row = model.module.layer_stacks, {}
+    stacks, row = model.module.executors.stacks, {}
     assert len(stacks) == (2 if has_bf16_gemm() else 1)    # PackedStack needs the bf16 GEMM
     assert time_loop(model, 8, 20, 2, row) == row["loop_step_ms"] > 0
-    assert model.module.layer_stacks is stacks            # put back for the next step
+    assert model.module.executors.stacks is stacks        # put back for the next step
 
 
 def test_weight_bytes_follow_the_path_a_step_takes():

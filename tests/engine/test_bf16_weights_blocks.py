@@ -19,7 +19,7 @@ from engine.models.fast_decode import FastDecodeLayer
 from engine.models.mixed_precision import RESCORED_CANDIDATES, Bf16RescoredHead
 
 from engine.models.packed_linear import packing_available
-from tests.helpers import block_kernel_rows, needs_bf16_packing
+from tests.helpers import block_kernel_rows, layer_executors, needs_bf16_packing
 
 from .test_block_weights import random_gguf_bytes
 
@@ -153,8 +153,9 @@ def test_default_model_in_bf16_weights_keeps_small_steps_exact():
     else:
         assert all(p.packed is None and p.weight.dtype == torch.bfloat16 for p in projections)
     assert all(p.max_rows == BF16_KERNEL_ROWS for p in projections)
-    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
-    assert isinstance(mixed.module.bf16_lm_head, Bf16RescoredHead)
+    assert all(isinstance(e, FastDecodeLayer)
+               for e in layer_executors(mixed.module, FastDecodeLayer))
+    assert isinstance(mixed.module.lm_head, Bf16RescoredHead)
     tokenizer = exact.tokenizer
     prompts = [tokenizer.encode(text) for text in ("The three primary colors are",
                                                   "def add(a, b):")]
@@ -214,7 +215,7 @@ def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
         if bf16:
             projection.use_bf16_dense()
         assert projection.pack_dense()
-    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels)
+    mlp.use_fused(FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels))
     got = mlp(x)
     assert got.dtype == torch.float32 and rows > mlp.gate_up_proj.max_rows
     if bf16:

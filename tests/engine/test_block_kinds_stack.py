@@ -17,7 +17,7 @@ from engine.models.block_weights import BlockLinear
 from engine.models.fast_decode import FastDecodeLayer, FastDecodeStack
 from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows
 from tests.gguf_copies import mixed_encoding, write_requantized
-from tests.helpers import assert_blocks_decode_like_dense
+from tests.helpers import assert_blocks_decode_like_dense, layer_executors
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,9 @@ def mixed(mixed_path):
 
 def test_every_layer_of_mixed_kinds_is_on_the_stack(mixed):
     layers = mixed.module.layers
-    assert [type(s) for s in mixed.module.layer_stacks] == [FastDecodeStack]
-    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
+    assert [type(s) for s in mixed.module.executors.stacks] == [FastDecodeStack]
+    assert all(isinstance(e, FastDecodeLayer)
+               for e in layer_executors(mixed.module, FastDecodeLayer))
     qkv = layers[0].self_attn.qkv_proj
     assert qkv.kind == "mixed" and [p.kind for p in qkv.parts] == ["Q4_1", "Q8_0"]
     assert {layer.self_attn.o_proj.kind for layer in layers} == {"Q5_1"}

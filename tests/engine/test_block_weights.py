@@ -18,7 +18,7 @@ from engine.models.block_weights import (BlockLinear, Blocks, FusedBlockMLP,
                                          concat, parse_blocks)
 from engine.models.fast_decode import FastDecodeLayer
 from engine.models.layers import GatedMLP
-from tests.helpers import block_kernel_rows
+from tests.helpers import block_kernel_rows, layer_executors
 
 KERNEL_ROWS = block_kernel_rows()
 
@@ -112,8 +112,8 @@ def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds, act):
     assert FusedBlockMLP.applies(mlp)
     x = torch.randn(rows, hidden)
     unfused = mlp(x)
-    mlp.fused = FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels,
-                              FUSED_ACTIVATIONS[act])
+    mlp.use_fused(FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels,
+                                FUSED_ACTIVATIONS[act]))
     fused = mlp(x)
     if rows > KERNEL_ROWS:                       # not a step for the kernel: same path
         assert torch.equal(fused, unfused)
@@ -139,9 +139,10 @@ def test_default_model_decodes_from_its_blocks_like_the_dense_path():
     block_layers = [m for layer in layers for m in layer.modules() if isinstance(m, BlockLinear)]
     assert len(block_layers) == 4 * len(layers)          # qkv, o, gate_up, down everywhere
     assert {m.kind for m in block_layers} == {"Q4_1"}
-    assert fast.module.block_lm_head.kind == "Q8_0"      # the tied embedding table
+    assert fast.module.lm_head.kind == "Q8_0"            # the tied embedding table
     assert all(isinstance(layer.mlp.fused, FusedBlockMLP) for layer in layers)
-    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
+    assert all(isinstance(e, FastDecodeLayer)
+               for e in layer_executors(fast.module, FastDecodeLayer))
     assert not any(isinstance(m, BlockLinear) for m in dense.module.modules())
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode(text) for text in (

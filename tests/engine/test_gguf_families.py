@@ -21,12 +21,15 @@ import torch
 
 from engine import load_model
 from engine.kernels.native import GATED_ACTIVATIONS
+from engine.models.executors import Executors
 from engine.models.fast_decode import FastDecodeLayer, FastDecodeStack
-from engine.models.packed_stack import FULL, SLIDING, PackedStack
+from engine.models.layer_spec import FULL, SLIDING
+from engine.models.packed_stack import PackedStack
 from tests.engine.test_packed_layer import StepRuns
 from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows, decodes
 from tests.gguf_copies import write_as_qwen2, write_tiny_gemma3, write_tiny_qwen3
-from tests.helpers import assert_blocks_decode_like_dense, needs_bf16_gemm
+from tests.helpers import (assert_blocks_decode_like_dense, executors_set_to, layer_executors,
+                           needs_bf16_gemm)
 
 
 def write_family(name: str, path) -> None:
@@ -54,28 +57,31 @@ def family(family_path):
 
 def test_every_layer_is_on_the_stack(family):
     layers, attn = family.module.layers, family.module.layers[0].self_attn
-    assert [type(s) for s in family.module.layer_stacks] == [FastDecodeStack]
-    assert all(isinstance(layer.fast_decode, FastDecodeLayer) for layer in layers)
+    assert [type(s) for s in family.module.executors.stacks] == [FastDecodeStack]
+    fast = layer_executors(family.module, FastDecodeLayer)
+    assert all(isinstance(executor, FastDecodeLayer) for executor in fast)
     width = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
-    model_type, entry = family.config.model_type, layers[0].fast_decode.entry
+    model_type, entry = family.config.model_type, fast[0].entry
     if model_type == "qwen2":
         bias = attn.qkv_proj.bias
         assert bias is not None and bias.shape == (width,) and bias.abs().min() > 0
         assert entry.qkv_bias == bias.data_ptr() and not entry.q_norm
     elif model_type == "qwen3":
         assert attn.head_dim == 128 and attn.qkv_proj.bias is None
-        assert layers[0].fast_decode.head_norms == (attn.q_norm, attn.k_norm)
+        assert entry.q_norm == attn.q_norm.weight.data_ptr()
+        assert entry.k_norm == attn.k_norm.weight.data_ptr()
         assert entry.q_norm and entry.k_norm and not entry.attn_out_norm
     else:
         assert model_type == "gemma3_text" and family.module.sliding_window == 8
-        stack = family.module.layer_stacks[0]
+        stack = family.module.executors.stacks[0]
         assert stack.groups == [FULL, SLIDING]
-        assert [layer.fast_decode.group for layer in layers] == [SLIDING] * 5 + [FULL]
+        assert [executor.group for executor in fast] == [SLIDING] * 5 + [FULL]
         assert stack.shape.activation == GATED_ACTIVATIONS["gelu_tanh"]
         assert entry.q_norm and entry.attn_out_norm and entry.mlp_out_norm
         # the (1 + weight) norms reach C with the 1 added
         norm = layers[0].post_attention_layernorm
-        torch.testing.assert_close(layers[0].fast_decode.norm_weights[2], norm.weight + 1)
+        scaled = next(t for t in fast[0].traits.kept if t.data_ptr() == entry.attn_out_norm)
+        torch.testing.assert_close(scaled, norm.weight + 1)
 
 
 def test_the_stack_is_bit_identical_to_its_fast_layers(family):
@@ -87,19 +93,11 @@ def test_a_fast_layer_computes_what_its_modules_do(family, rows):
     """One decode step through the fast layers against the same layers' modules (the
     blocks both ways: only the fused path differs; Qwen3's and Gemma 3's norms and
     Gemma 3's GELU are C there, torch's ops in the modules)."""
-    module, stacks = family.module, family.module.layer_stacks
-    fast = [layer.fast_decode for layer in module.layers]
+    module = family.module
     runs, results = StepRuns(family, decodes(family, rows), seed=4), []
-    module.layer_stacks = []
-    try:
-        for use_fast in (True, False):
-            for layer, path in zip(module.layers, fast):
-                layer.fast_decode = path if use_fast else None
+    for executors in (module.executors.without_stacks(), Executors()):
+        with executors_set_to(module, executors):
             results.append(runs.run())
-    finally:
-        module.layer_stacks = stacks
-        for layer, path in zip(module.layers, fast):
-            layer.fast_decode = path
     (fused, fused_caches), (modules, module_caches) = results
     torch.testing.assert_close(fused, modules, rtol=1e-5, atol=1e-5)
     for mine, theirs in zip(fused_caches, module_caches):
@@ -112,7 +110,7 @@ def test_gemma3_in_bf16_weights_keeps_short_steps_on_the_blocks(tmp_path):
     stack (fp32 blocks), larger ones the bf16 stack."""
     write_family("gemma3", tmp_path / "gemma3.gguf")
     model = load_model(str(tmp_path / "gemma3.gguf"), dtype="bf16-weights", progress=False)
-    fast, packed = model.module.layer_stacks
+    fast, packed = model.module.executors.stacks
     assert isinstance(fast, FastDecodeStack) and isinstance(packed, PackedStack)
     assert packed.block_rows == fast.max_rows
     assert_fast_stack_serves_its_rows(model)

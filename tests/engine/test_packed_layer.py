@@ -13,11 +13,13 @@ from engine import load_model
 from engine.generation_config import SamplingParams
 from engine.kv_cache.sizing import CacheSizing
 from engine.models.block_weights import BF16_KERNEL_ROWS
+from engine.models.executors import Executors
+from engine.models.fast_decode import FastDecodeLayer
 from engine.models.packed_layer import PackedLayer
 from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest
-from tests.helpers import needs_bf16_packing
+from tests.helpers import ServedSpy, executors_set_to, layer_executors, needs_bf16_packing
 
 PAGE = 16
 NUM_BLOCKS = 8 * 72
@@ -73,22 +75,16 @@ def run_both_ways(model, batch: ScheduledBatch):
     through the modules, from the same random cache contents; and how many layer
     calls the packed path served."""
     module, runs = model.module, StepRuns(model, batch)
-    layers = list(module.layers)
-    installed = [layer.fast_steps for layer in layers]
-    stacks, module.layer_stacks = module.layer_stacks, []     # (test_packed_stack.py)
-    served = []
+    fast = layer_executors(module, FastDecodeLayer)
+    spies = [ServedSpy(packed) for packed in layer_executors(module, PackedLayer)]
+    with_packed = Executors(layers=tuple(
+        tuple(e for e in pair if e is not None) for pair in zip(fast, spies)))
+    without = Executors(layers=tuple(() if f is None else (f,) for f in fast))
     results = []
-    try:
-        for use_packed in (True, False):
-            for layer, packed in zip(layers, installed):
-                layer.fast_steps = None if not use_packed else (
-                    lambda *args, packed=packed: served.append(packed(*args)) or served[-1])
+    for executors in (with_packed, without):        # no stacks: test_packed_stack.py
+        with executors_set_to(module, executors):
             results.append(runs.run())
-    finally:
-        module.layer_stacks = stacks
-        for layer, packed in zip(layers, installed):
-            layer.fast_steps = packed
-    return results, sum(out is not None for out in served)
+    return results, sum(sum(spy.served) for spy in spies)
 
 
 def assert_identical(results) -> None:
@@ -106,7 +102,7 @@ def default_bf16():
 def test_default_model_steps_are_bit_identical(default_bf16):
     vocab = default_bf16.config.vocab_size
     layers = len(default_bf16.module.layers)
-    assert all(isinstance(layer.fast_steps, PackedLayer) for layer in default_bf16.module.layers)
+    assert all(isinstance(e, PackedLayer) for e in layer_executors(default_bf16.module, PackedLayer))
     decodes = _batch(vocab, [(30 + i, 31 + i) for i in range(12)])
     results, served = run_both_ways(default_bf16, decodes)
     assert_identical(results)

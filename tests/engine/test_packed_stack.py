@@ -7,6 +7,8 @@ outside a stack's range are left to the next path."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ from engine.models.packed_linear import NATIVE_BF16_MAX_ROWS
 from engine.models.packed_stack import PackedStack
 
 from tests.engine.test_packed_layer import StepRuns, _batch
-from tests.helpers import block_kernel_rows, needs_bf16_gemm
+from tests.helpers import (ServedSpy, block_kernel_rows, executors_set_to, needs_bf16_gemm,
+                           stack_of)
 
 
 def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
@@ -26,21 +29,14 @@ def run_stack_and_loop(model, stack_type, batch, cache_dtype=None):
     with none (the layer loop), from the same random cache contents; returns whether
     they are identical and whether the stack served the step."""
     module, runs = model.module, StepRuns(model, batch, seed=2, cache_dtype=cache_dtype)
-    stacks = module.layer_stacks
-    stack = next(s for s in stacks if isinstance(s, stack_type))
-    served, results = [], []
-    try:
-        for use_stack in (True, False):
-            module.layer_stacks = [lambda *args, **kwargs: served.append(stack(*args, **kwargs))
-                                   or served[-1]] \
-                if use_stack else []
+    spy, results = ServedSpy(stack_of(module, stack_type)), []
+    for stacks in ((spy,), ()):
+        with executors_set_to(module, replace(module.executors, stacks=stacks)):
             results.append(runs.run())
-    finally:
-        module.layer_stacks = stacks
     (stacked, stacked_caches), (looped, looped_caches) = results
     identical = torch.equal(stacked, looped) and all(
         torch.equal(a, b) for a, b in zip(stacked_caches, looped_caches))
-    return identical, served[0] is not None
+    return identical, spy.served[0]
 
 
 UNBOUNDED_ROWS = 1 << 20
@@ -52,7 +48,7 @@ def assert_fast_stack_serves_its_rows(model) -> None:
     of 1, 3 (when it takes 3) and max_rows rows, and leaves a step of max_rows + 1 and a
     prefill to them. Blocks without dense copies serve decode steps of any size: there
     a step past the panels' crossover stands in for max_rows."""
-    stack = next(s for s in model.module.layer_stacks if isinstance(s, FastDecodeStack))
+    stack = stack_of(model.module, FastDecodeStack)
     unbounded = stack.max_rows > UNBOUNDED_ROWS
     largest = PANEL_KERNEL_ROWS + 3 if unbounded else stack.max_rows
     for rows in sorted({1, min(3, largest), largest}):
@@ -77,7 +73,7 @@ def decodes(model, count: int):
 
 @needs_bf16_gemm
 def test_the_default_model_has_both_stacks(default_bf16):
-    assert [type(s) for s in default_bf16.module.layer_stacks] == [FastDecodeStack, PackedStack]
+    assert [type(s) for s in default_bf16.module.executors.stacks] == [FastDecodeStack, PackedStack]
 
 
 @needs_bf16_gemm
@@ -123,7 +119,7 @@ def test_fast_decode_stack_is_bit_identical(default_bf16):
 
 def test_fast_decode_stack_in_float32():
     model = load_model("smollm2-135m-instruct", progress=False)
-    assert [type(s) for s in model.module.layer_stacks] == [FastDecodeStack]
+    assert [type(s) for s in model.module.executors.stacks] == [FastDecodeStack]
     for rows, cache_dtype in ((1, None), (block_kernel_rows(), torch.bfloat16)):
         identical, served = run_stack_and_loop(model, FastDecodeStack, decodes(model, rows),
                                                cache_dtype)
@@ -153,22 +149,11 @@ def test_the_stacks_refuse_slots_outside_the_cache(default_bf16, stack_type, row
     runs = StepRuns(default_bf16, decodes(default_bf16, rows))
     keys = runs.caches[0]                                   # [num_blocks, page, KVH, D]
     getattr(runs.inputs.meta, field).view(-1)[1] = keys.shape[0] * keys.shape[1]
-    stacks, raised = default_bf16.module.layer_stacks, []
-    stack = next(s for s in stacks if isinstance(s, stack_type))
-
-    def only_stack(*args, **kwargs):          # the stack itself refuses, not a later path
-        try:
-            return stack(*args, **kwargs)
-        except IndexError:
-            raised.append(stack_type)
-            raise
-
-    default_bf16.module.layer_stacks = [only_stack]
-    try:
+    module = default_bf16.module
+    spy = ServedSpy(stack_of(module, stack_type))  # the stack itself refuses, not a later path
+    with executors_set_to(module, replace(module.executors, stacks=(spy,))):
         with pytest.raises(IndexError, match="outside the KV cache"):
             runs.run()
-    finally:
-        default_bf16.module.layer_stacks = stacks
-    assert raised == [stack_type]
+    assert [type(error) for error in spy.raised] == [IndexError]
     if field == "slot_mapping":      # refused before the first layer stored its K/V
         assert all(torch.equal(cache, start) for cache, start in zip(runs.caches, runs.start))

@@ -11,6 +11,8 @@ over its window); Qwen2's packed layers equal its modules; the paired MLP
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from engine.models.packed_stack import PackedStack
 from engine.models.paired_mlp import PairedMLP
 
 from tests.engine.test_packed_layer import StepRuns, _batch
-from tests.helpers import needs_bf16_gemm
+from tests.helpers import ServedSpy, executors_set_to, layer_executors, needs_bf16_gemm
 
 pytestmark = needs_bf16_gemm
 
@@ -75,17 +77,11 @@ def stack_and_loop(model, batch):
     """(stack's hidden, caches), (loop's hidden, caches) from the same cache contents,
     and whether the stack served the step."""
     module, runs = model.module, StepRuns(model, batch, seed=2)
-    stacks = module.layer_stacks
-    served, results = [], []
-    try:
-        for use_stack in (True, False):
-            module.layer_stacks = [
-                lambda *args, **kwargs: served.append(stacks[0](*args, **kwargs)) or served[-1]
-            ] if use_stack else []
+    spy, results = ServedSpy(module.executors.stacks[0]), []
+    for stacks in ((spy,), ()):
+        with executors_set_to(module, replace(module.executors, stacks=stacks)):
             results.append(runs.run())
-    finally:
-        module.layer_stacks = stacks
-    return results[0], results[1], served[0] is not None
+    return results[0], results[1], spy.served[0]
 
 
 DECODES = [(10 + i, 11 + i) for i in range(5)]
@@ -108,7 +104,7 @@ def test_every_family_runs_its_steps_on_the_stack(models, family, shapes):
     """Decode steps, and steps with prefill chunks (in sliding layers each row over
     its window's part of the context)."""
     model = models[family]
-    assert [type(s) for s in model.module.layer_stacks] == [PackedStack]
+    assert [type(s) for s in model.module.executors.stacks] == [PackedStack]
     stacked, looped, served = stack_and_loop(model, _batch(VOCAB, shapes))
     assert served
     assert_same(stacked, looped, family)
@@ -121,8 +117,8 @@ def test_qwen2_packed_layers_equal_its_modules(models):
     from tests.engine.test_packed_layer import assert_identical, run_both_ways
 
     model = models["qwen2"]
-    assert all(isinstance(layer.fast_steps, PackedLayer) and layer.fast_steps.qkv_bias is not None
-               for layer in model.module.layers)
+    assert all(isinstance(e, PackedLayer) and e.qkv_bias is not None
+               for e in layer_executors(model.module, PackedLayer))
     for shapes in (DECODES, MIXED):
         results, served = run_both_ways(model, _batch(VOCAB, shapes))
         assert_identical(results)
@@ -138,11 +134,12 @@ def test_paired_mlp_equals_the_unfused_modules(models, family):
     assert isinstance(mlp.fused, PairedMLP)
     x = torch.randn(6, models[family].config.hidden_size, generator=torch.Generator().manual_seed(1))
     fused = mlp(x)
-    saved, mlp.fused = mlp.fused, None
+    saved = mlp.fused
+    mlp.use_fused(None)
     try:
         unfused = mlp(x)
     finally:
-        mlp.fused = saved
+        mlp.use_fused(saved)
     torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=2e-3)
     assert (fused - unfused).abs().max() < 0.02 * unfused.abs().max()
 
@@ -151,22 +148,14 @@ def test_gemma3_generates_the_same_tokens_with_and_without_the_stack(models):
     model = models["gemma3"]
     prompts = [[5 + i for i in range(n)] for n in (3, 9, 14)]       # past the 7-token window
     config = GenerationConfig(max_new_tokens=10, eos_token_id=[])
-    runs, served = [], []
-    stacks = model.module.layer_stacks
-
-    def counted(*args, **kwargs):
-        served.append(stacks[0](*args, **kwargs))
-        return served[-1]
-
-    try:
-        for layer_stacks in ([counted], []):
-            model.module.layer_stacks = layer_stacks
+    module, runs = model.module, []
+    spy = ServedSpy(module.executors.stacks[0])
+    for stacks in ((spy,), ()):
+        with executors_set_to(module, replace(module.executors, stacks=stacks)):
             outputs = model.generate_batch(prompts, config, ContinuousBatchingConfig(page_size=8))
             runs.append([output.generated_tokens for output in outputs.values()])
-    finally:
-        model.module.layer_stacks = stacks
     assert runs[0] == runs[1] and all(len(tokens) == 10 for tokens in runs[0])
-    assert served and all(out is not None for out in served)   # its own sliding pool too
+    assert spy.served and all(spy.served)                      # its own sliding pool too
 
 
 def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
@@ -175,11 +164,12 @@ def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
 
     model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
     mlp = model.module.layers[0].mlp
-    saved, mlp.fused = mlp.fused, None            # (a FusedBlockMLP serves it normally)
+    saved = mlp.fused                             # (a FusedBlockMLP serves it normally)
+    mlp.use_fused(None)
     try:
         paired = PairedMLP.build(mlp)
     finally:
-        mlp.fused = saved
+        mlp.use_fused(saved)
     assert paired is not None and paired.block_rows == BF16_KERNEL_ROWS
     hidden = model.config.hidden_size
     assert paired(torch.randn(BF16_KERNEL_ROWS, hidden)) is None
@@ -197,8 +187,8 @@ def test_gemma3_gguf_short_steps_run_on_the_blocks():
 
     model = load_model("gemma3-270m", dtype="bf16-weights", progress=False)
     module = model.module
-    assert [type(s) for s in module.layer_stacks] == [FastDecodeStack, PackedStack]
-    fast, packed = module.layer_stacks
+    assert [type(s) for s in module.executors.stacks] == [FastDecodeStack, PackedStack]
+    fast, packed = module.executors.stacks
     assert fast.max_rows == packed.block_rows == BF16_KERNEL_ROWS
     projection_weights = matmul_flops_per_row(module) // 2 - module.embed_tokens.weight.numel()
     on_blocks = weight_bytes_per_step(module, BF16_KERNEL_ROWS)

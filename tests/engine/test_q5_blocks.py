@@ -42,6 +42,6 @@ def test_a_q5_model_decodes_from_its_own_blocks(tmp_path):
     blocked = load_model(str(path), progress=False)
     projections = [m for m in blocked.module.layers.modules() if isinstance(m, BlockLinear)]
     assert len(projections) == 4 * 30 and {m.kind for m in projections} == {"Q5_1"}
-    assert [type(s) for s in blocked.module.layer_stacks] == [FastDecodeStack]
+    assert [type(s) for s in blocked.module.executors.stacks] == [FastDecodeStack]
     dense = load_model(str(path), progress=False, block_kernels=False)
     assert_blocks_decode_like_dense(blocked, dense, max_new_tokens=16)
