@@ -8,8 +8,7 @@
  * is carried as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), so x is kept to
  * ~16 significant bits (relative error <= 2^-17) instead of bf16's 8: each product
  * costs two dot-product steps and the arithmetic stays within a few fp32 ulps of
- * attention_vectors.c's. Measured, 32 requests x 230 tokens x 30 layers, 2 threads:
- * see docs/benchmarks.md ("Decode attention on bf16 dot products").
+ * attention_vectors.c's.
  *
  * Scores: 16 keys at a time, as in attention_vectors.c (16 accumulators, one
  * transpose-and-add tree), each key's 2 x 32 bf16 loaded straight from the cache.
@@ -20,10 +19,8 @@
  *
  * Each pass prefetches what it reads, PREFETCH_AHEAD keys ahead into L2: the scores
  * pass the key records, the values pass its KV head's lines of the value records.
- * Prefetching keys and values both in the scores pass (as first written) asked for
- * twice the bandwidth in one pass and none in the other: 32 requests x 160 tokens x
- * 30 layers from memory took 7.1-7.6 ms against 6.3-6.6 split (3.4 with the caches
- * in L3), 32 x 1,000 tokens 36.5-39.6 against 28.7-29.0 ms (see docs/benchmarks.md).
+ * Prefetching keys and values both in the scores pass would ask for twice the
+ * bandwidth in one pass and none in the other; split, each pass streams its own.
  */
 #include <stdint.h>
 

@@ -1,9 +1,10 @@
 /* AMX tiles for the bf16 GEMM (bf16_gemm.c) on CPUs with AMX-BF16 (Sapphire Rapids
  * and later): one TDPBF16PS multiplies a 16 x 32 bf16 tile of x by a 32 x 16 bf16
  * tile of W^T into a 16 x 16 fp32 tile, 8,192 multiply-adds, where one AVX512-BF16
- * vdpbf16ps does 32. Measured on one core of a 2-vCPU Xeon: ~900 GFLOP/s from tiles
- * in registers against ~300 at the vdpbf16ps peak, so a decode step's products read
- * their weights at memory speed instead of waiting on the dot-product unit.
+ * vdpbf16ps does 32. Tiles in registers multiply several times as fast as the
+ * vdpbf16ps loop at its peak, so a decode step's products read their weights at
+ * memory speed instead of waiting on the dot-product unit (docs/cpu-kernels.md,
+ * NATIVE_BF16_MAX_ROWS, compares the two on whole products).
  *
  * The weights' pair layout (bf16_gemm.c) is already AMX's: a B tile is 16 pairs of K
  * (32 values) x 16 columns, rows of 16 words = 64 bytes, and in the pair layout the
@@ -108,8 +109,8 @@ static inline __attribute__((always_inline)) void panel_tiles(
  * (rows[b]: 16 readable rows of k bf16) times `width` (1 or 2) vectors of 16 columns
  * of W from w (the first vector's pairs; the next vector_words words on). `ahead`
  * (or NULL): the next panel's two vectors, prefetched into L2 along the way (tile
- * loads from memory alone left the tiles waiting: ~40% of a 64-row step's time in
- * them read ~6 GB/s). Between bf16_amx_begin and bf16_amx_end on the calling thread. */
+ * loads straight from memory leave the tiles waiting on it). Between bf16_amx_begin
+ * and bf16_amx_end on the calling thread. */
 void bf16_amx_panel(const BlockRows *rows, int blocks, const uint32_t *w,
                     int64_t vector_words, int width, int64_t k, float *c,
                     const uint32_t *ahead) {

@@ -13,9 +13,8 @@
  * projections' K of 576-1536 keep a row tile's x in L1 and a 48-column weight panel
  * in L2). Threads take whole panels (worker_pool.h's shared ranges); each panel is
  * read from memory by the first row tile, which prefetches the next panel into L2,
- * and from L2 by the others. Measured against oneDNN on its own packed weights (2
- * cores, weights from memory, 32 rows): see docs/benchmarks.md ("bf16 matmuls of
- * decode steps").
+ * and from L2 by the others. docs/cpu-kernels.md, NATIVE_BF16_MAX_ROWS, compares it
+ * with oneDNN on its own packed weights.
  *
  * On CPUs with AMX (bf16_amx.c) the same layout feeds tile products instead, for K a
  * multiple of 32: panels of 2 vectors, 32 rows at a time, the epilogue below.
@@ -225,9 +224,8 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
 
 /* Runs the job on AMX tiles where they serve (K a multiple of 32), else on
  * AVX512-BF16. On the tiles, steps of up to AMX_ROW_BLOCK rows read x copied into
- * whole A tiles, zero rows past m (contiguous tile loads instead of 16 rows k apart;
- * 60 weights of 576 -> 3072 from memory, interleaved, two runs: 64 rows 8.2 / 7.1 ->
- * 8.8 / 7.7 GB/s, 128 rows 5.0 / 3.6 -> 5.5 / 4.1); larger steps, whose copy would be
+ * whole A tiles, zero rows past m (contiguous tile loads instead of 16 rows k apart,
+ * so the weights stream faster); larger steps, whose copy would be
  * megabytes on one thread, read x in place, their last block of fewer than 16 rows
  * copied into a tile with zero rows. Returns 0, or 3 when a copy cannot be allocated. */
 static int run_gemm(GemmJob *job, int num_threads) {

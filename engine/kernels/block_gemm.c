@@ -6,11 +6,10 @@
  * reading W: a Q4_1 weight costs 5 bits against fp32's 32. Columns are shared out
  * between `num_threads` threads in chunks of COLUMN_CHUNK (worker_pool.h's WorkRanges:
  * a thread that finishes its own chunks takes the others', so a helper that starts
- * late does not hold the call; one-request steps 17.6-21.2 -> 13.9-18.2 ms against an
- * even split, five alternations on a 2-vCPU Zen 3). Each chunk is swept a tile of
- * ROW_TILE rows at a time (q4_columns). AVX2 builds hand steps of PANEL_MIN_ROWS rows
- * and more to block_panels.c, whose register tiles need the arithmetic of many rows
- * to repay dequantizing the weights once per step.
+ * late does not hold the call, as it would with an even split). Each chunk is swept a
+ * tile of ROW_TILE rows at a time (q4_columns). AVX2 builds hand steps of
+ * PANEL_MIN_ROWS rows and more to block_panels.c, whose register tiles need the
+ * arithmetic of many rows to repay dequantizing the weights once per step.
  * Built at run time with -march=native (engine/kernels/build.py).
  */
 #include <stdint.h>

@@ -18,16 +18,16 @@
  * values of K, each slice added to y), so they equal the dense fp32 product up to
  * rounding.
  *
- * Panels of 256 values of K, each taking every tile in turn, read all of x once per
- * 16 columns and added into y per slice: at 4,096 rows (x 9-25 MB) that streamed
- * from memory, and `bench.blocks` fell to 53-60 GFLOP/s; the tiles now meet both
- * panels of a chunk and the whole of K (75-82 GFLOP/s there; 64 rows 154-194 ->
- * 152-176 ms, within this host's noise).
+ * Each tile runs over all panels of a chunk, up to PANEL_K values of K each, before
+ * the next tile, so x is read once per chunk of 32 columns. Short panels (256 values
+ * of K) taking every tile in turn would read all of x once per 16 columns and per
+ * slice of K, and add into y per slice: at 4,096 rows (x 9-25 MB) that streams from
+ * memory.
  *
  * AVX2: dequantizing costs about one operation per weight (8 weights of a column per
- * vector, then an 8x8 transpose): ~35 ms per step for the default model's 134M weights
- * on 2 Zen 3 cores, against ~2.5 ms per row of tiles, hence panels from 32 rows on.
- * perf at 128 rows: 72% of the samples in the tile loop, 2% unpacking, 1% transposing.
+ * vector, then an 8x8 transpose), a fixed cost per step that only many rows of tiles
+ * repay, hence panels from 32 rows on (docs/cpu-kernels.md, PANEL_MIN_ROWS). At large
+ * steps the tile loop takes nearly all the time.
  * Columns are shared out in chunks of COLUMN_CHUNK through WorkRanges, as in
  * block_gemm.c.
  */
@@ -170,7 +170,7 @@ static inline __attribute__((always_inline)) void panel_tile_impl(
         acc[r][1] = accumulate ? _mm256_loadu_ps(out + r * ld + 8) : _mm256_setzero_ps();
     }
     /* Unrolled by 4, the loop's counter and address updates stop costing issue slots
-     * beside its 12 FMAs per k: 29-34 -> 39-40 GMAC/s per core for a 6x16 tile alone. */
+     * beside its 12 FMAs per k. */
 #pragma GCC unroll 4
     for (int64_t i = 0; i < count; i++) {
         const __m256 w0 = _mm256_load_ps(panel + i * PANEL_COLS);

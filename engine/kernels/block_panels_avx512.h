@@ -7,8 +7,8 @@
  *
  * Tile: 12 rows x 32 columns, 24 accumulators; per value of K two panel loads and 12
  * broadcasts of x feed 24 independent FMAs. Alone, with its panels in cache, such a
- * tile ran at ~200 GFLOP/s on one thread of a 2-vCPU Xeon, where oneDNN's fp32 product
- * on a packed weight ran at 117 (16 rows) and 147 (32 rows) GFLOP/s for 576 -> 3072.
+ * tile outruns oneDNN's fp32 product on a packed weight at 16 and 32 rows
+ * (docs/cpu-kernels.md, PANEL_KERNEL_ROWS, has whole products).
  * Columns past the weight's last (a last chunk of fewer than 32) are masked off. Each
  * output sums K in slices of SUM_SLICE values, added to y one after another.
  * Included by block_panels.c, which defines PANEL_COLS, PANEL_K and Panel first.
@@ -70,9 +70,9 @@ static inline __m512 gather_scales(const PanelLanes *lanes, const float *from, i
  * d * q), bit for bit its fp32 weights. (The compiler may fuse q4's product and sum,
  * but d * c is exact in fp32 for the loader's scales, fp16 values or a Q4_K's fp16
  * scale times its 6-bit one, at most 17 + 4 bits, so the fused result is the same;
- * tests/engine/test_block_weights.py checks it.) ~0.065 ns per weight on one thread
- * here, against 0.11 for dequantizing each column's block in its own vector and
- * transposing 16 x 16 (its shuffles all wait for one port). */
+ * tests/engine/test_block_weights.py checks it.) This beats dequantizing each column's
+ * block in its own vector and transposing 16 x 16, whose shuffles all wait for one
+ * port. */
 static void unpack_panel_avx512(int kind, const void *q, const float *d, const float *m,
                                 int64_t k, int64_t first, int64_t cols, int64_t k0,
                                 int64_t count, float *panel) {

@@ -39,13 +39,9 @@
 
 /* How far ahead a sweep prefetches its weights: 2 KB of codes (128 q4 blocks, 64 q8
  * ones) and the scales and minima of the same blocks. A step of a few rows reads each
- * weight once, and the hardware prefetcher alone kept too few lines in flight: on 2
- * vCPUs of a Xeon, the default model's one-row products from memory, both builds in one
- * process, AVX-512 Q4_1 6.6-6.9 -> 5.4-5.9 ms and the Q8_0 LM head 2.3-2.4 -> 1.8-1.9
- * (docs/benchmarks.md, "one-row sweeps prefetch their weights"); the AVX-512 tiles of
- * 2-7 rows likewise (Gemma 3 270M's 262,144-column Q8_0 LM head at 3 rows 24.4 ->
- * 14.4 ms with the tile sizes' own kernels, "Gemma 3 GGUF layers on the fast decode
- * stack"). Tiles of 8 rows are bound by their arithmetic and gain nothing from it. */
+ * weight once, and the hardware prefetcher alone keeps too few lines in flight: one-row
+ * sweeps and the AVX-512 tiles of 2-7 rows wait on memory without it. Tiles of 8 rows
+ * are bound by their arithmetic and gain nothing from it. */
 #define Q4_PREFETCH_BLOCKS 128
 #define Q8_PREFETCH_BLOCKS 64
 
@@ -62,9 +58,9 @@ static inline void prefetch_line(const void *at) {
  * vector t holds elements 4L + t in lanes L = 0..7 (elements 0, 4, .., 28, then 1,
  * 5, .., 29, ...), and the kernels read x in that order too (block_order). Lane L
  * then works on the block's dword L (q8) or the low and high nibbles of dword L % 4
- * (q4) with shifts and masks alone: the widening `vpmovzxbd` of byte order ran at
- * ~0.7 per cycle on Zen 3, six per block, and held a one-row step to ~14 cycles per
- * block; these shifts run at two per cycle. */
+ * (q4) with shifts and masks alone: the widening `vpmovzxbd` of byte order issues at
+ * under one per cycle on Zen 3, six per block, and bounds a one-row step; these shifts
+ * issue at two per cycle. */
 #define BLOCK_ORDER 1
 
 /* codes[L] >> 8t, a block's weights t (t < 4) as unsigned codes in bits 0..3 of lane
@@ -247,15 +243,16 @@ static __attribute__((noinline, unused)) void q8_rows(
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define Q4_SUMS_ROWS 0          /* AVX2: the minima are in the dequantized weights */
 #define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
-#define PANEL_MIN_ROWS 32       /* bench.blocks: panels even at 32 rows, ahead from 48 */
+#define PANEL_MIN_ROWS 32       /* panels even with the row kernels from here
+                                   (docs/cpu-kernels.md, PANEL_MIN_ROWS) */
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
 #elif defined(__AVX512F__)
 #define Q4_SUMS_ROWS 1          /* AVX-512: only tiles of one row read block sums */
 #define PANEL_KERNELS 1         /* steps of many rows go through block_panels.c */
-#define PANEL_MIN_ROWS 10       /* bench.blocks: even with the row kernels at 9 rows,
-                                   ahead from 10 (19.6 vs 20.9-21.8 ms), behind at 8 */
+#define PANEL_MIN_ROWS 10       /* panels ahead of the row kernels from here
+                                   (docs/cpu-kernels.md, PANEL_MIN_ROWS) */
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
@@ -327,9 +324,7 @@ static inline int take_columns(WorkRanges *items, int part, int64_t n, int64_t *
  * against the columns [first, last) of a q4 weight: y[r * ldy + col - first], for y
  * at the tile's first row and column `first`. A step's later tiles meet the same
  * columns again, whose few KB of blocks are then still in L2, while the tile's x is
- * read by every column of the chunk (the default model's blocks on a 2-vCPU Zen 3:
- * 16 rows 75-83 -> 62-67 ms, 24 rows 115-120 -> 92-97, against taking all tiles per
- * column). */
+ * read by every column of the chunk. This beats taking all tiles per column. */
 static inline void q4_columns(const uint8_t *q, const float *d, const float *m,
                               const float *x, const float *xsum, int64_t k, int64_t tile,
                               int64_t first, int64_t last, float *y, int64_t ldy) {

@@ -13,12 +13,6 @@
  * d * (q . x) per block (q4: + m * sum(x), from the block sums; codes looked up as
  * floats 0..15), with even and odd blocks in two accumulators: on one accumulator the
  * chain of one FMA per block (4 cycles) bounds the loop.
- *
- * Measured on 2 vCPUs of a Xeon with AVX-512 (zmm FMA latency ~1.9 ns there), the
- * default model's blocks from memory (`bench.blocks`): eight rows 39.4-48.4 ->
- * 31.1-36.1 ms; one row's Q4_1 products 6.55-6.72 -> 5.60 ms with both builds in one
- * process, within the tool's noise (docs/benchmarks.md, "the AVX-512 block row
- * kernels").
  */
 #ifndef KVSERVE_BLOCK_ROWS_AVX512_H
 #define KVSERVE_BLOCK_ROWS_AVX512_H

@@ -9,7 +9,7 @@
  * The Python layer loop costs two things on steps of this size: its own time (~12
  * calls per layer, each with its checks and tensor allocations, while the kernels'
  * helper threads spin) and, in a server, a wait for the interpreter lock at every
- * return from a kernel while the event loop runs: a 30-layer step went through that
+ * return from a kernel while the event loop runs: a 30-layer step goes through that
  * lock ~360 times. Here the layers chain the same kernels the loop calls, in the
  * same order and on the same buffers' values, so for Llama-style layers the output
  * is bit-identical to the packed layers' loop (tests/engine/test_packed_stack.py):

@@ -1,6 +1,6 @@
 /* Elementwise pieces of a decoder layer for steps of any size, each one native call
- * where torch spends several ops (each ~5-40 us of dispatch and a pass over memory
- * at 64 rows): the RMSNorm, and RoPE with the cache write.
+ * where torch spends several ops (each with its own dispatch and a pass over
+ * memory): the RMSNorm, and RoPE with the cache write.
  *
  * rms_norm: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, fp32 arithmetic, the
  * sum of squares over 16 lanes (8 on AVX2); out is fp32 or bf16 (rounded to nearest even).

@@ -156,9 +156,8 @@ class NativeKernels:
         on that same team (torch's libgomp), as many parts as torch has threads, and
         our own pool's helpers sleep at once. In single-threaded steps the pool
         serves, its helpers spinning 2 ms between calls (see worker_pool.h).
-        Measured: one 32 x 9-head x 100-token paged attention call after a
-        two-thread torch matmul took 1.6 ms on the calling thread alone (torch's
-        spinning helper slows it) against 0.49 ms after nothing."""
+        After a threaded torch op, torch's helpers still spin on the other cores and
+        slow any call that ignores them, even one on the calling thread alone."""
         if torch_threaded != getattr(self._per_thread, "torch_threaded", None):
             self._library.set_helper_spin_ns(0 if torch_threaded else 2_000_000)
             openmp = self._library.use_openmp_helpers(int(torch_threaded))

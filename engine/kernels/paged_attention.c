@@ -17,12 +17,11 @@
  * out[b, H, D]. Keys and values are read in place, once per query: no gathered copy
  * of the context, no padded matmuls. Over a bf16 cache the rows of a prefill chunk
  * (8 or more, step_runs.c) go to prefill_attention.c's blocked tiles instead, where a
- * block of queries shares each key it loads: one at a time, each row re-read its
- * request's context (21 chunks of 98 rows x 30 layers: 107-110 ms one row at a time,
- * 64 ms on the tiles, docs/benchmarks.md). Requests are split over `num_threads`
- * threads (worker_pool.h); when there are too few to keep the threads busy (one
- * request, long context), each context is cut into chunks whose partial softmaxes
- * are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
+ * block of queries shares each key it loads; one at a time, each row would re-read its
+ * request's context (docs/cpu-kernels.md, PREFILL_RUN_MIN_ROWS). Requests are split
+ * over `num_threads` threads (worker_pool.h); when there are too few to keep the
+ * threads busy (one request, long context), each context is cut into chunks whose
+ * partial softmaxes are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
  * (AVX-512) or 8 (AVX2 and FMA) run the per-range passes of attention_vectors.c or
  * attention_avx2.c.
  */
@@ -134,10 +133,9 @@ static float softmax_numerators(float *s, int64_t count, float *top) {
 /* Context positions [start, end) of request b, all heads at once: each slot's keys
  * (and later values) of every KV head are one contiguous record of KVH * D floats,
  * read front to back, so the hardware prefetcher streams a request's pages instead
- * of striding through them once per KV head (measured, 64 requests x 192 tokens on
- * one thread: 5.7 ms striding, 1.9 ms streaming). Per query head hq it writes result[hq] = {max score, sum of
- * exp(score - max), sum of exp(score - max) * v} (D + 2 floats), the pieces a
- * softmax over several ranges merges from. scores: [H, count]. */
+ * of striding through them once per KV head. Per query head hq it writes result[hq]
+ * = {max score, sum of exp(score - max), sum of exp(score - max) * v} (D + 2 floats),
+ * the pieces a softmax over several ranges merges from. scores: [H, count]. */
 static void attend_range(const AttentionJob *job, int64_t b, int64_t start, int64_t end,
                          float *scores, float *result) {
     const int64_t heads = job->heads, group = heads / job->kv_heads, dim = job->dim;

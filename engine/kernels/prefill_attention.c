@@ -34,9 +34,8 @@
  * with their spread (~2.5e-2 at a standard deviation of 30), as the error the cache's
  * own rounding of K puts in the scores does. attention_bf16.c carries its decode
  * queries in two bf16 halves instead, which costs nothing there (decodes wait on
- * memory); here it doubled the dot products (2,000 tokens: 52 against 35 ms on one
- * thread) and the default model's logits came out no closer to fp32's
- * (docs/benchmarks.md).
+ * memory); here it would double the dot products, and the default model's logits come
+ * out no closer to fp32's (docs/benchmarks.md, Accuracy of the fast modes).
  */
 #include <math.h>
 #include <stdint.h>

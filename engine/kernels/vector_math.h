@@ -68,8 +68,8 @@ static inline __m512 sum_lanes16(const __m512 *v) {
  * result is 0 where expf gives a denormal (EXP_FLOOR). */
 #define EXP_FLOOR (-87.0f)
 /* Why a floor: x86 cores take a microcode assist (~100+ cycles) for every result
- * that comes out denormal, and a masked score (-inf) would have cost one in each of
- * its lanes: the prefill tiles' causal masks spent ~40% of their time there. */
+ * that comes out denormal, and a masked score (-inf) would cost one in each of its
+ * lanes: the prefill tiles' causal masks make many of them. */
 static inline __m512 exp16(__m512 x) {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_FLOOR), _CMP_NLT_UQ);
     x = _mm512_max_ps(_mm512_set1_ps(EXP_FLOOR), x);   /* NaN stays NaN (second operand) */
