@@ -37,10 +37,8 @@ def _slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[i
 STEP_QUERY_MAX_PAIRS = 32768
 """Prefill chunks go to the native kernel as one call with the step's other rows when
 they average fewer (query, key) pairs than this; longer ones keep an SDPA call each.
-Measured per layer, 9 heads of 64, 2 threads: 64 chunks of 64 tokens (2,080 pairs
-each) 5 ms in one kernel call against ~10 ms in 64 SDPA calls (~0.1 ms each to
-dispatch); one 256-token prompt (32,896 pairs) 1.5 ms against 1.05; 4,096 tokens 175
-against 144 ms (SDPA's blocked matmuls win once the chunks are long)."""
+Many short chunks in one kernel call save an SDPA call's dispatch each; SDPA's blocked
+matmuls win once the chunks are long (docs/cpu-kernels.md, STEP_QUERY_MAX_PAIRS)."""
 
 
 def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.device,

@@ -5,8 +5,8 @@ accelerators, and inside their CUDA graphs).
 The unit compiled is one layer's `torch_step` (models/llama.py, models/gemma3.py):
 it takes the layer's cache pages as arguments and reads no layer index, so one
 compiled copy serves every layer. Compiling the whole forward instead unrolls the
-30 layers of the default model into one graph: on a 2-core host its first
-compilation had not finished after 12 minutes, against ~20-50 s for the layer.
+30 layers of the default model into one graph, whose first compilation takes far
+longer than the layer's.
 
 Settings come from `varlen_compile_config` / `decode_compile_config` (a transformers
 `CompileConfig`, a dict of the same keys, or `CompileSettings`), or else from
@@ -28,8 +28,9 @@ share that limit across settings and models in one process.
 
 The level gives settings only where compiling pays: on accelerators, and not to
 the varlen path of the flash backend (its max_seqlen_k changes every step). On CPU
-the engine's native kernels beat the compiled torch ops (docs/benchmarks.md): a
-level is logged and ignored there, explicit configs are honoured. A decode config
+the engine's native kernels beat the compiled torch ops (docs/benchmarks.md,
+Compiled layer steps on CPU): a level is logged and ignored there, explicit configs
+are honoured. A decode config
 needs the decode fast path; under tensor parallelism nothing is compiled.
 
 A compilation that fails (no C++ compiler for inductor on CPU, an op it cannot

@@ -37,8 +37,9 @@ _WAKE = object()   # inbox item that only wakes the loop up
 
 
 WARMUP_TOKENS = 16
-"""The warmup prefill's length. A page (256 tokens) cost a 1.7B model's CPU start 3-4 s
-of arithmetic that warms nothing a short prefill does not (docs/benchmarks.md)."""
+"""The warmup prefill's length. A full page (256 tokens) would add arithmetic to a
+large model's CPU start that warms nothing a short prefill does not
+(docs/benchmarks.md, Start-up and real-size models)."""
 
 
 class EngineLoop:

@@ -10,8 +10,8 @@ matcher that says which tokens may come next.
 The matching itself is llguidance's (a Rust Earley parser over the tokenizer's
 vocabulary, computing a token bitmask per step). It was chosen over xgrammar because
 it needs nothing else at run time (xgrammar pulls in torch, transformers and triton
-as dependencies of its wheel), compiles a schema lazily in well under a millisecond
-and computes masks on CPU in tens of microseconds per token (docs/structured-output.md).
+as dependencies of its wheel), compiles a schema lazily and computes masks on CPU
+quickly enough to run beside a step (docs/structured-output.md, Why llguidance).
 
 JSON is compact: no whitespace between tokens of the JSON text, so a constrained
 answer cannot spend its budget on blank lines and closes as soon as its value does.
@@ -136,7 +136,7 @@ class CompiledGrammar:
 
 class GrammarCompiler:
     """Compiles specs against one tokenizer. Any thread; the llguidance view of the
-    tokenizer (~0.3 s for a 49k vocabulary) is built on first use."""
+    tokenizer (a pass over the whole vocabulary) is built on first use."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self._tokenizer = tokenizer

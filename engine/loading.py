@@ -13,8 +13,8 @@ Accepted specs:
 
 A GGUF file's weights are read from the file itself at every start
 (models/gguf_checkpoint.py); only its config and tokenizer, which transformers builds
-from the file's metadata in ~10 s, are kept under `<cache_dir>/gguf-metadata/<key>`
-(a few MB: no copy of the weights is written).
+slowly from the file's metadata (docs/benchmarks.md, A 1.7B-shaped GGUF), are kept
+under `<cache_dir>/gguf-metadata/<key>` (a few MB: no copy of the weights is written).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def without_gc(function):
     """Run `function` with the cyclic garbage collector paused. Loading a model
     creates ~350k long-lived objects (imports, the tokenizer, the GGUF's metadata):
     each full collection on the way walks all of them, ~10 of those while the default
-    model loads, 20 -> 300 ms each as the heap grows (load 10.2 -> 6.3 s with the
-    collector paused). Nothing it makes is cyclic garbage worth collecting early."""
+    model loads, each longer than the last as the heap grows. Nothing it makes is
+    cyclic garbage worth collecting early."""
     @functools.wraps(function)
     def paused(*args, **kwargs):
         was_enabled = gc.isenabled()
@@ -216,8 +216,8 @@ def _forget_gone_sources(folder: Path) -> None:
 
 def _remove_converted_copies(cache_dir: Path) -> None:
     """Earlier versions kept a float32 safetensors copy of every GGUF file served
-    under `<cache_dir>/gguf/` (0.5 GB for the default model, 6.8 GB for a 1.7B one);
-    nothing reads them now."""
+    under `<cache_dir>/gguf/`, several times the size of the file; nothing reads them
+    now."""
     old = cache_dir / "gguf"
     if old.is_dir():
         size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())

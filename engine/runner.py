@@ -76,7 +76,7 @@ class ModelRunner:
         if kernel_rows:
             # steps on the block kernels leave the other cores to the kernel's helpers;
             # larger ones run the packed dense matmuls, on every thread (bf16-weights'
-            # 6-8 row steps: 21-25 ms on two threads against ~31 on one)
+            # 6-8 row steps already gain from the second one)
             self.small_step_tokens = min(max(kernel_rows), PANEL_KERNEL_ROWS)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
@@ -95,8 +95,7 @@ class ModelRunner:
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
         matmuls are memory-bound and each of the step's ~600 ops would otherwise pay
-        to wake the other thread (measured: batch-1 decode 58 vs 83 ms per token with
-        two threads on a 2-core host). Larger steps are compute-bound and use all."""
+        to wake the other thread. Larger steps are compute-bound and use all."""
         if self.device.type != "cpu" or self.max_threads == 1:
             return
         wanted = 1 if num_tokens <= self.small_step_tokens else self.max_threads

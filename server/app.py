@@ -58,11 +58,10 @@ def load_engine_model(settings: ServerSettings) -> Any:
 CPU_MAX_BATCH_TOKENS = 2048
 """Tokens per forward pass of a server on CPU when `max_batch_tokens` is not set (the
 engine's own default is 8192). One step holds every stream: on two cores a long
-prompt prefills at ~1,000 tokens a second, so a 3,034-token prompt arriving beside
-eight streams froze them for 2.91 s in one step; in steps of 2048 the longest gap
-was 1.74 s, the prompt's TTFT 2.96 -> 3.01 s, and c=32 / c=64 throughput unchanged
-(`bench.stall`, docs/benchmarks.md). GPUs prefill 8192 tokens in tens of milliseconds: the engine's
-default stands there."""
+prompt taken in one step freezes the streams beside it for its whole prefill. In
+steps of 2048 their longest gap is much shorter and the prompt's TTFT about the same
+(docs/benchmarks.md, Long prompts), and throughput at c=32 and c=64 is unchanged. GPUs
+prefill 8192 tokens in tens of milliseconds: the engine's default stands there."""
 
 
 def engine_config(settings: ServerSettings, device_type: str) -> Any:
@@ -99,8 +98,8 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
         await asyncio.to_thread(engine.warmup)
         app.state.serving = build_state(settings, loaded, engine)
         # What start-up made lives as long as the server: out of the collector's way,
-        # or every full collection while serving walks it (~350k objects, 220-300 ms
-        # with the interpreter lock held: a pause in every stream).
+        # or every full collection while serving walks it (~350k objects, with the
+        # interpreter lock held: a pause in every stream).
         gc.collect()
         gc.freeze()
         trimmer = AllocatorTrimmer(settings.malloc_trim_interval_s)

@@ -15,9 +15,10 @@ blocks.
 
 A waiting stream sets no timer per token: one timer at a time puts a tick in its
 queue (every LIVENESS_POLL_S, or sooner when its `limits` ask), and the tick is where
-it checks that the engine thread lives and that no deadline has passed. At 32 streams
-of ~27 tokens/s that is ~130 timers a second (a tick per 0.25 s each, for the drain
-deadline) instead of ~1,700 (two per token before, with generation.py's merge). `submit` is synchronous on purpose: every way the engine can refuse a request
+it checks that the engine thread lives and that no deadline has passed. The timers
+the event loop runs grow with the streams, not with their tokens.
+
+`submit` is synchronous on purpose: every way the engine can refuse a request
 surfaces before an HTTP response (or SSE stream) has started, as a proper 4xx/503.
 
 Lifecycle, as the probes see it:

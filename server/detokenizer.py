@@ -32,7 +32,7 @@ PROMPT_CONTEXT_TOKENS = 5
 def ids_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """`tokenizer.decode` without the tokenization-space clean-up, as a function of the
     ids alone. A fast tokenizer's decode is its Rust backend's behind a wrapper that
-    costs more than the decoding (2-6 ids: ~3.7 against ~1.5 us); where the tokenizer
+    costs more than the decoding of a few ids; where the tokenizer
     class keeps transformers' own `_decode`, the backend is called directly (the same
     text), else the wrapper."""
     try:

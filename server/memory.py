@@ -5,11 +5,10 @@ glibc gives each thread that contends for the heap an arena of its own (up to ei
 per core) and keeps what is freed there for reuse. The server's threads (the event
 loop, the engine, the grammar-mask helper, tokenizer workers) allocate and free
 tensors of changing sizes every step, so retained memory grows under load beside the
-KV cache. Two arenas held 80-90 MB less after 3 minutes at 64 streams, at the same
-token rate; `malloc_trim` every few seconds returns the free pages inside the arenas
-too (glibc releases whole free pages anywhere in a heap, not only at its top), which
-is what bounds resident memory over a long soak (docs/benchmarks.md, "Memory over a
-soak").
+KV cache. Two arenas hold less at the same token rate; `malloc_trim` every few
+seconds returns the free pages inside the arenas too (glibc releases whole free pages
+anywhere in a heap, not only at its top), which is what bounds resident memory over a
+long soak (docs/benchmarks.md, Memory over a soak, has both).
 """
 
 from __future__ import annotations

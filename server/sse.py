@@ -9,9 +9,8 @@ after the stream has started cannot change the HTTP status any more, so it is se
 in-band as an event whose data is OpenAI's error object (the OpenAI SDK raises it).
 
 EventStreamResponse is a plain ASGI response: each event goes out as one body message,
-with no per-event wrapper around `send` (sse-starlette, used before, opened a cancel
-scope per event; without it the event loop's CPU per c=32 run went 0.94-1.03 ->
-0.68-0.71 s, docs/benchmarks.md).
+with no per-event wrapper around `send`: a cancel scope per event would cost the
+event loop CPU time on every token of every stream.
 Per response it runs three helper tasks: one waits for the client's disconnect, which
 cancels the stream (the generator's cleanup cancels the engine requests), one sends a
 comment line every PING_INTERVAL_S, so proxies keep an idle stream open (a request
@@ -55,8 +54,8 @@ header holds it)."""
 class TextEvents:
     """Events of chunks that differ only in one choice's text: each choice's chunk is
     rendered once by `payload(index, TEXT_SLOT)` and split at the slot, so a token's
-    event costs one string escape instead of a whole JSON encoding (~0.2 against
-    ~4.6 us). The events are byte for byte those of `event(payload(index, text))`."""
+    event costs one string escape instead of a whole JSON encoding. The events are
+    byte for byte those of `event(payload(index, text))`."""
 
     def __init__(self, payload: Callable[[int, str], dict[str, Any]]) -> None:
         self._payload = payload

@@ -9,7 +9,7 @@ Tools (server/tool_formats.py) and thinking models (server/reasoning.py) make th
 own specs and compile them through `compile_spec` as well.
 
 Compiling runs off the event loop (a large schema can take a while, and the first
-grammar builds the tokenizer's index, ~0.3 s); a grammar the library refuses is a
+grammar builds the tokenizer's index); a grammar the library refuses is a
 400 naming `response_format` and the library's message (the schema part, say).
 """
 

@@ -5,9 +5,10 @@ SDPA on the CPU computes a chunk in fp32 over fp32 copies of its keys and values
 (gathered from the pages and widened first when the chunk does not start at 0); the
 kernel reads the bf16 cache where it lies, shares each key block between a tile of
 queries, and multiplies bf16 queries and probabilities with the cache's bf16 keys and
-values on AVX512-BF16 dot products (fp32 sums and softmax). Measured (default model,
-2 threads) in docs/benchmarks.md ("Long prompts"): faster prefill, and logits as close
-to fp32's as SDPA's were.
+values on AVX512-BF16 dot products (fp32 sums and softmax). It prefills faster than
+SDPA, with logits as close to fp32's as SDPA's (docs/cpu-kernels.md,
+STEP_QUERY_MAX_PAIRS; docs/benchmarks.md, Long prompts and Accuracy of the fast
+modes).
 
 Chunks short enough for the per-row queries of paged_attention.c never get here
 (batch.STEP_QUERY_MAX_PAIRS); fp32 caches (the exact-parity mode) keep SDPA.

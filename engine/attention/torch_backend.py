@@ -177,10 +177,10 @@ def compile_boundary() -> None:
     this process (compile_paths.py calls it when a varlen path compiles). Its shape is
     Python, not tensors: how many prefill chunks, which start at position 0, which rows
     decode. A traced layer guards on all of it: a graph per kind of step, eight of them
-    before torch stops compiling (a 24-prompt run met that limit within 6 s). Behind
-    torch.compiler.disable, the layer's graphs end before it and start again after it,
-    and one set serves every kind of step. Done on demand: the decorator imports
-    dynamo, which costs an engine that compiles nothing ~1 s at start."""
+    before torch stops compiling, a limit a short run of mixed prompts soon meets.
+    Behind torch.compiler.disable, the layer's graphs end before it and start again
+    after it, and one set serves every kind of step. Done on demand: the decorator
+    imports dynamo, which would slow the start of an engine that compiles nothing."""
     global _boundary_installed
     if not _boundary_installed:
         TorchPagedAttention._varlen = torch.compiler.disable(TorchPagedAttention._varlen)

@@ -38,30 +38,21 @@ logger = logging.getLogger(__name__)
 MAX_KERNEL_ROWS = 12
 """Up to this many rows per step the row kernels beat the dense fp32 matmuls (the
 weights' bytes dominate); past it arithmetic dominates and the dense matmul on the
-oneDNN-packed weight (packed_linear.py) wins. Measured with `bench.step` on
-SmolLM2-135M, 2 cores of an AVX-512 host before it had panels, whole decode steps,
-row kernels vs packed dense: 8 rows 33 vs 58 ms, 12 rows 43 vs 52 ms, 16 rows 65 vs
-54 ms, 32 rows 122 vs 82 ms. The limit of builds without AVX2 or AVX-512 (the
-portable loop), and of Q5_1 weights on every build (no panels for that form)."""
+oneDNN-packed weight (packed_linear.py) wins (docs/cpu-kernels.md, MAX_KERNEL_ROWS).
+The limit of builds without AVX2 or AVX-512 (the portable loop), and of Q5_1 weights
+on every build (no panels for that form)."""
 PANEL_KERNEL_ROWS = 128
-"""The same crossover for builds with panels (block_panels.c: AVX2, and AVX-512 since
+"""The same crossover for builds with panels (block_panels.c: AVX2, and AVX-512 with
 its own 12 x 32 tiles), which take steps of PANEL_MIN_ROWS rows and more and beat the
-packed dense matmul well past the row kernels' limit.
-AVX-512, `bench.blocks` (every projection and the LM head of the default model, from
-memory) against the same products on oneDNN's packed fp32 weights, 2 vCPUs of a Xeon:
-16 rows 24-27 vs 34-37 ms, 32 rows 36-39 vs 45.8, 64 rows 61-64 vs 75.0, 128 rows
-103-123 vs 120.1, 256 rows 209.6 vs 218.0, 512 rows 412 vs 410 (even).
-AVX2, `bench.step --context 100` on a 2-core Zen 3, two alternations, blocks vs packed
-dense: 64 rows 202.4 / 261.8 vs 235.4 / 209.7 ms, 96 rows 273.4 / 308.7 vs 316.3 /
-347.6, 128 rows 384.2 / 435.3 vs 461.8 / 507.0, 192 rows 567.8 / 642.7 vs 656.8 /
-616.1 (even from here on). Prefill chunks of a thousand rows and more are oneDNN's: 4
-prompts of 1,024 tokens prefill in 16.5 s through AVX2 panels, 11.5 s dense."""
+packed dense matmul well past the row kernels' limit: on AVX-512 they are ahead or
+even at this row count and past it, on AVX2 even from a little past it. On AVX2
+prefill chunks of a thousand rows and more run faster dense (docs/cpu-kernels.md,
+PANEL_KERNEL_ROWS)."""
 BF16_KERNEL_ROWS = 2
 """The same crossover when the dense weights are bf16 (dtype bf16-weights) and go
-through the native bf16 GEMM (packed_linear.py), whole decode steps at context 160 on
-two threads, two alternations, kernels vs bf16 GEMM: 2 rows 10.8-11.8 vs 14.1-15.2
-ms, 3 rows 15.9-17.3 vs 14.8-16.2, 4 rows 17.8-19.3 vs 14.4-15.1, 5 rows 22.1-26.0 vs
-15.9-16.5. (Against oneDNN's bf16 matmuls it was 5 rows.)"""
+through the native bf16 GEMM (packed_linear.py): steps of 1-2 rows are bound by
+reading weights, where bf16 does not help, and keep the exact fp32 blocks; from 3 rows
+the bf16 GEMM wins (docs/cpu-kernels.md, BF16_KERNEL_ROWS)."""
 
 
 class BlockLinear(LinearMethod):
@@ -136,8 +127,9 @@ class BlockLinear(LinearMethod):
 
     def use_bf16_dense(self) -> None:
         """Steps too large for the block kernel multiply a bf16 copy of the weight
-        (input rounded to bf16, fp32 accumulation and output): ~2.5x fp32's rate at
-        64+ rows on AVX-512 BF16, at bf16's rounding. Small steps stay exact."""
+        (input rounded to bf16, fp32 accumulation and output): a multiple of fp32's
+        rate at many rows on AVX-512 BF16 (docs/benchmarks.md, The machines), at bf16's
+        rounding. Small steps stay exact."""
         dense = self.weight.detach() if self.weight is not None else self.dequantized()
         self.weight = nn.Parameter(dense.to(torch.bfloat16), requires_grad=False)
         self.max_rows = BF16_KERNEL_ROWS
@@ -204,8 +196,8 @@ def blocks_serve_every_step(parts: list[Blocks], kernels) -> bool:
     """Whether the kernels multiply these blocks at any row count (the panels of AVX2
     and AVX-512 builds; Q5_1 has no panels), so no dense copy is needed. At 512 rows
     the panels run even with oneDNN's packed fp32 matmul on AVX-512 (PANEL_KERNEL_ROWS);
-    on AVX2, prefill chunks of a thousand rows are ~1.4x slower than dense, the price
-    of holding 5-10 bits per weight instead of 32."""
+    on AVX2, prefill chunks of a thousand rows are slower than dense (also
+    PANEL_KERNEL_ROWS), the price of holding 5-10 bits per weight instead of 32."""
     return kernels.block_lanes in (8, 16) and all(part.kind != "Q5_1" for part in parts)
 
 

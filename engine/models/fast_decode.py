@@ -1,8 +1,8 @@
 """One decoder layer of a decode step, straight through the native kernels.
 
-At batch 1 a Llama layer costs ~0.4 ms, and a third of it is Python: module calls,
-wrappers checking their inputs, small torch ops between the kernels. For layers whose
-projections all run on GGUF blocks (models/block_weights.py: any of the kernels'
+At batch 1 much of a Llama layer's time is Python: module calls, wrappers checking
+their inputs, small torch ops between the kernels. For layers whose projections
+all run on GGUF blocks (models/block_weights.py: any of the kernels'
 kinds, one per projection or several, as in Q4_K_M and Q5_K_M files), a decode-only
 step of at most the projections' `max_rows` requests (kernel_rows: PANEL_KERNEL_ROWS
 on AVX2 and AVX-512 builds, else MAX_KERNEL_ROWS; BF16_KERNEL_ROWS in dtype

@@ -58,7 +58,7 @@ def _processing(architecture: str, config: Any):
     """(transformers' tensor processor for this architecture, GGUF name -> HF name).
     The names are mapped as transformers maps them, in one pass over the parameter
     names (transformers' own `get_gguf_hf_weights_map` rebuilds gguf-py's name table
-    for every submodule: 7 of the 9.5 s the default model's weights took to read)."""
+    for every submodule, and that dominated reading the default model's weights)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
@@ -137,7 +137,6 @@ def _read_tensor(checkpoint: GGUFCheckpoint, name: str, tensor: GGUFTensor, proc
 
 TRIM_AFTER_BYTES = 16 << 20
 """After a tensor this large, the converter's temporary buffers go back to the system
-at once. glibc keeps freed buffers of up to 32 MB for reuse, and a 1.7B file's
-tensor-by-tensor conversion left ~0.9 GB of them (peak RSS 3.58 GB, 2.64 after
-loading, 1.71 after a trim)."""
+at once. glibc keeps freed buffers of up to 32 MB for reuse, and a large file's
+tensor-by-tensor conversion would leave many of them behind, raising the peak RSS."""
 

@@ -1,8 +1,8 @@
 """The tensor table of a GGUF file, read without decoding its metadata values.
 
 gguf-py's GGUFReader builds a numpy view for every part of every metadata value: the
-default model's tokenizer (49,152 tokens, 48,900 merges) alone makes ~250k views, 3.6
-of the 4.7 s its load took. The weights need only the tensors' names, shapes, types
+default model's tokenizer (49,152 tokens, 48,900 merges) alone makes ~250k views, and
+they take most of its load time. The weights need only the tensors' names, shapes, types
 and bytes (and the file's architecture, which names its tensor processing), so this
 reader walks the metadata with `struct` (each value's size is read, not its contents,
 but for `general.architecture`) to reach the tensor table. GGUF v2/v3 layout:

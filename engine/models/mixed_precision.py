@@ -7,23 +7,23 @@ halves, torch's fallback widens to fp32), fp32 everywhere else (embeddings, the
 residual stream, norms, sampling).
 
 Each decoder projection casts its fp32 input to bf16, multiplies against bf16 weights
-(bf16 matmuls run ~2.5x faster than fp32 on AVX-512 BF16 CPUs) and returns fp32. On
-a GGUF model with block kernels, steps small enough for them (decode of up to
+(bf16 matmuls run at a multiple of fp32's rate on AVX-512 BF16 CPUs:
+docs/benchmarks.md, The machines) and returns fp32. On a GGUF model with block kernels, steps small enough for them (decode of up to
 BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
 weights, not by arithmetic, so bf16 would not speed them up. The LM head computes
 bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32 (capping
 the others below them), so the greedy pick is fp32's whenever fp32's best token is
 among bf16's 16 best, and the likely tokens' logits are fp32's. Keeping the residual stream in fp32
-keeps most of the accuracy that full bf16 loses (measured with `python -m
-bench.accuracy`, see docs/benchmarks.md). Selected with `load_model(...,
+keeps most of the accuracy that full bf16 loses (docs/benchmarks.md, Accuracy of the
+fast modes). Selected with `load_model(...,
 dtype="bf16-weights")`.
 
 `int8-weights`: a bf16 model whose projections and LM head keep int8 weights with one
 scale per output channel (symmetric, absmax / 127), multiplied by
 `torch.ops.aten._weight_int8pack_mm`. Batch-1 decode reads a quarter of fp32's bytes
-and runs ~2.5x faster; at large batches that kernel is slower than a bf16 matmul, so
+and runs faster for it; at large batches that kernel is slower than a bf16 matmul, so
 this is a latency mode for a few concurrent streams. Accuracy is that of bf16 or a
-little below (docs/benchmarks.md).
+little below (docs/benchmarks.md, Accuracy of the fast modes).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Bf16WeightLinear(LinearMethod):
 RESCORED_CANDIDATES = 16
 """bf16 logits are off by ~0.05 for this model class (0.125 steps past |16|), far less
 than the usual gap between a row's 1st and 16th logit, so fp32's argmax is among
-bf16's top 16 but in nearly flat rows."""
+bf16's top 16 but in nearly flat rows (docs/cpu-kernels.md, RESCORED_CANDIDATES)."""
 
 
 class Bf16RescoredHead(LinearMethod):

@@ -3,10 +3,9 @@
 Steps the fast decode path does not take (prefill rows, decode steps past the block
 kernels' rows, any step of a model without GGUF blocks) run the layer's modules: a
 dozen module calls, the wrappers' checks and ~17 torch ops per layer. That Python is
-~2.4 ms of a 32-request bf16-weights decode step of the default model (54.5 -> 52.1
-ms measured side by side; 24.2 -> 21.9 ms at 8 requests). For Llama-style layers
-whose attention projections hold packed oneDNN weights of one dtype (fp32, or bf16 in
-bf16-weights), this path calls the pieces directly:
+a visible share of a bf16-weights decode step of the default model. For Llama-style
+layers whose attention projections hold packed oneDNN weights of one dtype (fp32, or
+bf16 in bf16-weights), this path calls the pieces directly:
 
     h = rms_norm(x), written in the weights' dtype (the modules cast it after)
     qkv = h @ Wqkv in fp32 (+ Qwen2's fp32 bias); rotate q and k, store k and v

@@ -3,10 +3,9 @@
 On CPU, F.linear multiplies fp32 through MKL and bf16 through oneDNN, bringing the
 weight into the kernel's blocked layout on every call. oneDNN's linear on a weight
 packed once at load (torch.ops.mkldnn `_reorder_linear_weight` and
-`_linear_pointwise`, the pair torch.compile's CPU backend uses) skips that. Measured on
-2 cores (AVX-512 BF16), 64 rows: fp32 64 x 576 -> 3072 2.02 -> 1.19 ms, the LM head
-64 x 576 -> 49152 40.8 -> 18.7 ms; bf16 0.75 -> 0.64 ms and 14.7 -> 10.1 ms. The gain
-shrinks for large prefills (512 rows: 1.1-1.5x).
+`_linear_pointwise`, the pair torch.compile's CPU backend uses) skips that. The gain
+is largest at decode steps' row counts and for the LM head, and shrinks for large
+prefills, where the arithmetic outweighs the reorder.
 
 Results equal F.linear's up to fp32 summation order (the same products accumulated in
 another order, as with any other BLAS). A packed weight is an opaque oneDNN tensor:
@@ -14,8 +13,8 @@ only `packed_linear` reads it, it stays on the CPU, and it is kept as a plain
 attribute, not a parameter or buffer, so module-wide `.to()` / state_dict never meet it.
 
 method_choice.pack_dense_weights packs a model's dense weights at load, for
-single-process CPU models after their dtype is settled. Packed is as fast as F.linear at one row and up to 2x
-faster from a few rows on (fp32, 4 rows: 0.55 -> 0.15 ms for 576 -> 3072).
+single-process CPU models after their dtype is settled. Packed is as fast as F.linear
+at one row and faster from a few rows on.
 """
 
 from __future__ import annotations
@@ -56,10 +55,9 @@ def packing_available(dtype: torch.dtype = torch.float32) -> bool:
 
 NATIVE_BF16_MAX_ROWS = 128
 """Up to this many rows a bf16 product runs on the native bf16 GEMM (bf16_gemm.c),
-past it on oneDNN. Measured with `python -m bench.matmul` (2 cores, 30 distinct
-weights from memory), native / oneDNN GFLOP/s for 576 -> 3072: 8 rows 154 / 140, 32
-rows 343 / 249, 64 rows 395 / 350, 256 rows 417 / 371; for the LM head (576 -> 49152)
-at 256 rows 326 / 373, and oneDNN is ahead on large prefills."""
+past it on oneDNN. The native GEMM leads at decode steps' row counts; oneDNN is ahead
+on the LM head at a few hundred rows and on large prefills (docs/cpu-kernels.md,
+NATIVE_BF16_MAX_ROWS)."""
 
 
 @dataclass(eq=False)

@@ -1,22 +1,19 @@
 """PackedStack: every decoder layer of a CPU step in one native call.
 
 Steps of 3 rows or more on bf16 weights (bf16-weights, GGUF) otherwise run the layer
-loop of packed_layer.py: ~12 kernel calls per layer from Python. That loop's own time,
-while the kernels' helper threads spin, was ~15% of a 32-request decode step; and in a
-server every return from a kernel waits for the interpreter lock while the event
-loop holds it (~360 returns per step of the default model's 30 layers): a thread
-busy 8% of the time with Python work slowed a 32-request step by 5-7 ms, a process
-equally busy by 2.5-3.5 ms (docs/benchmarks.md). decoder_stack.c runs the same
-kernels in the same order for every layer in one call: up to NATIVE_BF16_MAX_ROWS
-rows the output is bit-identical to the loop's (tests/engine/test_packed_stack.py).
+loop of packed_layer.py: ~12 kernel calls per layer from Python. That loop's own time
+is spent while the kernels' helper threads spin; and in a server every return from a
+kernel waits for the interpreter lock while the event loop holds it (~360 returns per
+step of the default model's 30 layers), so any Python work beside the engine slows
+every step. decoder_stack.c runs the same kernels in the same order for every layer
+in one call: up to NATIVE_BF16_MAX_ROWS rows the output is bit-identical to the loop's (tests/engine/test_packed_stack.py).
 
 Past that the loop multiplies on oneDNN (bf16 products, rounded before the fp32
 residual stream; the activation a separate pass), while the stack keeps the native
 GEMM at any row count: its fp32 sums go to the residual stream as they are and the
 gated GEMM writes the activation, so a large prefill is computed more closely to
-fp32 and faster: 32 chunks of 67 tokens after a shared 31-token prefix (the c=32
-server benchmark's wave), 1,300 -> 1,240 ms (docs/benchmarks.md). It then equals the
-loop run with the native GEMM at every size, bit for bit.
+fp32, and faster. It then equals the loop run with the native GEMM at every size,
+bit for bit.
 
 Layers it takes: Llama-style ones, Qwen2's (a bias on qkv), Qwen3's (a norm on every
 q and k head), Gemma 3's
@@ -25,11 +22,10 @@ and sliding-window ones (Mistral, Gemma 3's local layers: each layer reads its
 attention group's contexts and, for Gemma 3, its own rotary tables), with bf16
 weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases but
 qkv's, and the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
-bf16-weights) have no block kernels, so the stack serves their steps from one row up
-(for Gemma 3 270M, before its short steps moved to the blocks, a one-request decode
-step took 29-30 ms in the layer loop, 18-21 ms here: docs/benchmarks.md). Qwen2's, Qwen3's and Mistral's stack equals their
-loop bit for bit; Gemma 3's loop runs its (1 + weight) norms and GELU as torch's ops, summed in
-another order, so there the two agree to float rounding.
+bf16-weights) have no block kernels, so the stack serves their steps from one row
+up. Qwen2's, Qwen3's and Mistral's stack equals their loop bit for bit; Gemma 3's loop
+runs its (1 + weight) norms and GELU as torch's ops, summed in another order, so there
+the two agree to float rounding.
 
 Per step it applies when the loop would take the native paths throughout: rows past
 the block kernels', fp32 hidden states, the cache layout packed_layer.step_fits
