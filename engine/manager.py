@@ -3,8 +3,8 @@ transformers' continuous-batching API. A manager is configured by a
 ContinuousBatchingConfig (config.py); callers `add_request` / `add_requests`, then read
 results with `get_result`, `request_id_iter` or a result handler, and `cancel_request`;
 `start`, `stop`, `join` and `warmup` drive the engine thread. `generate_batch`
-(model_api.py) runs a whole batch through one manager. README.md, "The engine as a
-library", shows both.
+(model_api.py) runs a whole batch through one manager. docs/configuration.md, "The
+engine as a library", shows both.
 
 Callers (any thread) submit requests and read results; one background thread owns
 every request, the scheduler and the runner, and loops:

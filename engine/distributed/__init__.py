@@ -1,4 +1,4 @@
-"""Tensor parallelism over torch.distributed (README.md, "Tensor parallelism"): process
+"""Tensor parallelism over torch.distributed (docs/deployment.md, "Tensor parallelism"): process
 groups, weight sharding and the driver-to-follower step messages."""
 
 from .group import TensorParallelError, TensorParallelGroup, init_tensor_parallel

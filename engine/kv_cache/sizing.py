@@ -1,6 +1,6 @@
 """How big the KV cache and the per-step token budget are: what ContinuousBatchingConfig's
 `num_blocks`, `max_memory_percent`, `max_batch_tokens` and `max_requests_per_batch`
-resolve to when left unset (README.md, "Engine knobs").
+resolve to when left unset (docs/configuration.md, "Engine knobs").
 
 - Free memory: `torch.cuda.mem_get_info` on CUDA; psutil's available RAM on CPU.
 - KV budget: `max_memory_percent` of free memory (0.9, or 0.8 when per-request
