@@ -33,6 +33,17 @@ class BlockWeight(ctypes.Structure):      # kernels.h's BlockWeight
     _fields_ = [("num_parts", ctypes.c_int64), ("parts", BlockPart * MAX_WEIGHT_PARTS)]
 
 
+class LayerTraits(ctypes.Structure):      # kernels.h's LayerTraits
+    """A layer's family traits as every native layer struct holds them (filled by
+    models/layer_spec.py's native_traits)."""
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
+                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float),
+                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("out_eps", ctypes.c_float), ("group", ctypes.c_int)]
+
+
 class BlockStackShape(ctypes.Structure):  # decode_layer.c's BlockStackShape
     _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64),
                 ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
@@ -47,14 +58,9 @@ class BlockStackGroup(ctypes.Structure):  # decode_layer.c's BlockStackGroup
 
 
 class BlockStackLayer(ctypes.Structure):  # decode_layer.c's BlockStackLayer
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
+    _fields_ = [("traits", LayerTraits),
                 ("qkv", BlockWeight), ("o", BlockWeight), ("gate_up", BlockWeight),
                 ("down", BlockWeight), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
-                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("qk_eps", ctypes.c_float),
-                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
-                ("out_eps", ctypes.c_float), ("group", ctypes.c_int),
                 ("num_slots", ctypes.c_int64)]
 
 

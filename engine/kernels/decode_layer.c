@@ -36,16 +36,9 @@ typedef struct {                     /* one attention group's view of a decode s
 } BlockStackGroup;
 
 typedef struct {
-    const float *input_norm, *post_norm;         /* [hidden]: before attention, MLP */
-    float input_eps, post_eps;
+    LayerTraits traits;                          /* norms, bias, group (kernels.h) */
     BlockWeight qkv, o, gate_up, down;
     void *keys, *values;                         /* the layer's flat cache [slots, KVH, D] */
-    const float *qkv_bias;                       /* [(H + 2 KVH) D], or NULL */
-    const float *q_norm, *k_norm;                /* [D] each, or NULL */
-    float qk_eps;
-    const float *attn_out_norm, *mlp_out_norm;   /* [hidden] each, or NULL */
-    float out_eps;
-    int group;                                   /* the BlockStackGroup it reads */
     int64_t num_slots;                           /* the caches' slots */
 } BlockStackLayer;
 
@@ -64,6 +57,7 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
                          const BlockStackGroup *group, const float *x, int64_t tokens,
                          float *y, int num_threads) {
     if (tokens <= 0) return 0;
+    const LayerTraits *traits = &layer->traits;
     const int64_t hidden = shape->hidden, heads = shape->heads, kv_heads = shape->kv_heads;
     const int64_t dim = shape->dim, width_qkv = (heads + 2 * kv_heads) * dim;
     float *h = malloc(sizeof(float) * tokens * hidden);
@@ -71,14 +65,14 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
     float *context = malloc(sizeof(float) * tokens * heads * dim);
     int status = 2;
     if (h && qkv && context) {
-        rms_norm_rows(x, tokens, hidden, layer->input_norm, layer->input_eps, h);
+        rms_norm_rows(x, tokens, hidden, traits->input_norm, traits->input_eps, h);
         status = block_weight_gemm(&layer->qkv, h, tokens, hidden, qkv, width_qkv, num_threads);
-        for (int64_t t = 0; !status && layer->qkv_bias && t < tokens; t++)
-            for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += layer->qkv_bias[i];
-        for (int64_t t = 0; !status && layer->q_norm && layer->k_norm && t < tokens; t++) {
+        for (int64_t t = 0; !status && traits->qkv_bias && t < tokens; t++)
+            for (int64_t i = 0; i < width_qkv; i++) qkv[t * width_qkv + i] += traits->qkv_bias[i];
+        for (int64_t t = 0; !status && traits->q_norm && traits->k_norm && t < tokens; t++) {
             float *row = qkv + t * width_qkv;
-            rms_norm_rows(row, heads, dim, layer->q_norm, layer->qk_eps, row);
-            rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
+            rms_norm_rows(row, heads, dim, traits->q_norm, traits->qk_eps, row);
+            rms_norm_rows(row + heads * dim, kv_heads, dim, traits->k_norm, traits->qk_eps,
                           row + heads * dim);
         }
         if (!status && any_slot_outside(group->slot_mapping, tokens, layer->num_slots))
@@ -95,7 +89,7 @@ int block_attention_half(const BlockStackLayer *layer, const BlockStackShape *sh
         if (!status)
             status = block_weight_gemm(&layer->o, context, tokens, heads * dim, y, hidden,
                                        num_threads);
-        if (!status) add_residual(x, y, tokens, hidden, layer->attn_out_norm, layer->out_eps);
+        if (!status) add_residual(x, y, tokens, hidden, traits->attn_out_norm, traits->out_eps);
     }
     free(h);
     free(qkv);
@@ -110,10 +104,11 @@ int block_mlp_half(const BlockStackLayer *layer, const BlockStackShape *shape, c
     const int64_t hidden = shape->hidden;
     float *h = malloc(sizeof(float) * tokens * hidden);
     if (!h) return 2;
-    rms_norm_rows(x, tokens, hidden, layer->post_norm, layer->post_eps, h);
+    const LayerTraits *traits = &layer->traits;
+    rms_norm_rows(x, tokens, hidden, traits->post_norm, traits->post_eps, h);
     int status = blocks_gated_mlp(h, tokens, hidden, &layer->gate_up, shape->intermediate,
                                   &layer->down, hidden, shape->activation, y, num_threads);
-    if (!status) add_residual(x, y, tokens, hidden, layer->mlp_out_norm, layer->out_eps);
+    if (!status) add_residual(x, y, tokens, hidden, traits->mlp_out_norm, traits->out_eps);
     free(h);
     return status;
 }
@@ -128,12 +123,12 @@ int block_decoder_stack(const BlockStackLayer *layers, int64_t num_layers,
                         int64_t num_groups, float *x, int64_t tokens, int num_threads) {
     if (tokens <= 0) return 0;
     for (int64_t l = 0; l < num_layers; l++)
-        if (layers[l].group < 0 || layers[l].group >= num_groups) return 5;
+        if (layers[l].traits.group < 0 || layers[l].traits.group >= num_groups) return 5;
     float *y = malloc(sizeof(float) * tokens * shape->hidden);
     int status = y ? 0 : 2;
     for (int64_t l = 0; !status && l < num_layers; l++) {
         const BlockStackLayer *layer = &layers[l];
-        status = block_attention_half(layer, shape, &groups[layer->group], x, tokens, y,
+        status = block_attention_half(layer, shape, &groups[layer->traits.group], x, tokens, y,
                                       num_threads);
         if (!status) status = block_mlp_half(layer, shape, y, tokens, x, num_threads);
     }

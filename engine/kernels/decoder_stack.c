@@ -38,21 +38,13 @@
 #include "vector_math.h"
 
 typedef struct {
-    const float *input_norm;         /* [hidden], before the attention */
-    const float *post_norm;          /* [hidden], before the MLP */
-    float input_eps, post_eps;
+    LayerTraits traits;              /* norms, bias, group (kernels.h) */
     const uint32_t *qkv;             /* pairs of [(H + 2 KVH) D, hidden] */
     const uint32_t *o;               /* pairs of [hidden, H D] */
     const uint32_t *gate_up;         /* gated pairs of [2 I, hidden] */
     const uint32_t *down;            /* pairs of [hidden, I] */
     void *keys, *values;             /* this layer's flat cache [num_slots, KVH, D] */
     int64_t num_slots;
-    const float *q_norm, *k_norm;    /* [D] each, or NULL: no per-head norm */
-    const float *attn_out_norm;      /* [hidden] on o's output, or NULL */
-    const float *mlp_out_norm;       /* [hidden] on down's output, or NULL */
-    float qk_eps, out_eps;
-    int group;                       /* which StackGroup this layer's attention reads */
-    const float *qkv_bias;           /* [(H + 2 KVH) D] added to qkv (Qwen2), or NULL */
 } StackLayer;
 
 typedef struct {
@@ -94,14 +86,14 @@ static int add_rows(float *x, float *y, int64_t tokens, int64_t hidden, const fl
 }
 
 /* Qwen3's and Gemma 3's RMSNorm of every q and k head of the qkv rows, in place. */
-static void norm_heads(const StackLayer *layer, const StackShape *shape, float *qkv,
+static void norm_heads(const LayerTraits *traits, const StackShape *shape, float *qkv,
                        int64_t tokens) {
     const int64_t heads = shape->heads, kv_heads = shape->kv_heads, dim = shape->dim;
     const int64_t width = (heads + 2 * kv_heads) * dim;
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * width;
-        rms_norm_rows(row, heads, dim, layer->q_norm, layer->qk_eps, row);
-        rms_norm_rows(row + heads * dim, kv_heads, dim, layer->k_norm, layer->qk_eps,
+        rms_norm_rows(row, heads, dim, traits->q_norm, traits->qk_eps, row);
+        rms_norm_rows(row + heads * dim, kv_heads, dim, traits->k_norm, traits->qk_eps,
                       row + heads * dim);
     }
 }
@@ -109,18 +101,19 @@ static void norm_heads(const StackLayer *layer, const StackShape *shape, float *
 static int attention_half(const StackLayer *layer, const StackShape *shape, float *x,
                           int64_t tokens, const StackGroup *g, const StackBuffers *b,
                           int num_threads) {
+    const LayerTraits *traits = &layer->traits;
     const int64_t hidden = shape->hidden, heads = shape->heads, dim = shape->dim;
     const int64_t width_qkv = (heads + 2 * shape->kv_heads) * dim;
-    int status = rms_norm(x, tokens, hidden, layer->input_norm, layer->input_eps, b->normed, 1,
+    int status = rms_norm(x, tokens, hidden, traits->input_norm, traits->input_eps, b->normed, 1,
                           num_threads);
     if (!status)
         status = bf16_gemm(b->normed, hidden, layer->qkv, tokens, hidden, width_qkv, b->qkv,
                            width_qkv, 0, 0, num_threads);
-    if (!status && layer->qkv_bias)
+    if (!status && traits->qkv_bias)
         for (int64_t t = 0; t < tokens; t++)
             for (int64_t i = 0; i < width_qkv; i++)
-                b->qkv[t * width_qkv + i] = b->qkv[t * width_qkv + i] + layer->qkv_bias[i];
-    if (!status && layer->q_norm) norm_heads(layer, shape, b->qkv, tokens);
+                b->qkv[t * width_qkv + i] = b->qkv[t * width_qkv + i] + traits->qkv_bias[i];
+    if (!status && traits->q_norm) norm_heads(traits, shape, b->qkv, tokens);
     if (!status)
         status = rope_store(b->qkv, tokens, heads, shape->kv_heads, dim, g->cos, g->sin,
                             g->slot_mapping, layer->keys, layer->values, layer->num_slots,
@@ -136,15 +129,16 @@ static int attention_half(const StackLayer *layer, const StackShape *shape, floa
     status = bf16_gemm(b->context_bf16, heads * dim, layer->o, tokens, heads * dim, hidden,
                        b->projected, hidden, 0, 0, num_threads);
     if (!status)
-        status = add_rows(x, b->projected, tokens, hidden, layer->attn_out_norm, layer->out_eps,
-                          num_threads);
+        status = add_rows(x, b->projected, tokens, hidden, traits->attn_out_norm,
+                          traits->out_eps, num_threads);
     return status;
 }
 
 static int mlp_half(const StackLayer *layer, const StackShape *shape, float *x, int64_t tokens,
                     const StackBuffers *b, int num_threads) {
+    const LayerTraits *traits = &layer->traits;
     const int64_t hidden = shape->hidden, inter = shape->intermediate;
-    int status = rms_norm(x, tokens, hidden, layer->post_norm, layer->post_eps, b->normed, 1,
+    int status = rms_norm(x, tokens, hidden, traits->post_norm, traits->post_eps, b->normed, 1,
                           num_threads);
     if (!status)
         status = bf16_gated_gemm(b->normed, hidden, layer->gate_up, tokens, hidden, inter,
@@ -153,8 +147,8 @@ static int mlp_half(const StackLayer *layer, const StackShape *shape, float *x, 
         status = bf16_gemm(b->activated, inter, layer->down, tokens, inter, hidden, b->projected,
                            hidden, 0, 0, num_threads);
     if (!status)
-        status = add_rows(x, b->projected, tokens, hidden, layer->mlp_out_norm, layer->out_eps,
-                          num_threads);
+        status = add_rows(x, b->projected, tokens, hidden, traits->mlp_out_norm,
+                          traits->out_eps, num_threads);
     return status;
 }
 
@@ -167,9 +161,11 @@ int bf16_decoder_stack(const StackLayer *layers, int64_t num_layers, const Stack
                        int num_threads) {
     if (tokens <= 0) return 0;
     if (!bf16_gemm_available()) return 1;
-    for (int64_t l = 0; l < num_layers; l++)
-        if (layers[l].group < 0 || layers[l].group >= num_groups
-            || (layers[l].q_norm == NULL) != (layers[l].k_norm == NULL)) return 5;
+    for (int64_t l = 0; l < num_layers; l++) {
+        const LayerTraits *traits = &layers[l].traits;
+        if (traits->group < 0 || traits->group >= num_groups
+            || (traits->q_norm == NULL) != (traits->k_norm == NULL)) return 5;
+    }
     const int64_t qkv_width = (shape->heads + 2 * shape->kv_heads) * shape->dim;
     const int64_t attended = shape->heads * shape->dim;
     StackBuffers b = {
@@ -183,8 +179,8 @@ int bf16_decoder_stack(const StackLayer *layers, int64_t num_layers, const Stack
     int status = (b.normed && b.qkv && b.context && b.context_bf16 && b.projected
                   && b.activated) ? 0 : 2;
     for (int64_t l = 0; !status && l < num_layers; l++) {
-        status = attention_half(&layers[l], shape, x, tokens, &groups[layers[l].group], &b,
-                                num_threads);
+        status = attention_half(&layers[l], shape, x, tokens,
+                                &groups[layers[l].traits.group], &b, num_threads);
         if (!status) status = mlp_half(&layers[l], shape, x, tokens, &b, num_threads);
     }
     free(b.normed);

@@ -46,6 +46,20 @@ typedef struct {
     BlockPart parts[MAX_WEIGHT_PARTS];
 } BlockWeight;
 
+/* A decoder layer's family traits, as the native layer paths read them: both
+ * decode_layer.c's BlockStackLayer and decoder_stack.c's StackLayer begin with one.
+ * Filled by models/layer_spec.py's native_traits from the family's LayerSpec. */
+typedef struct {
+    const float *input_norm, *post_norm;         /* [hidden]: before the attention, the MLP */
+    float input_eps, post_eps;
+    const float *qkv_bias;                       /* [(H + 2 KVH) D] added to qkv, or NULL */
+    const float *q_norm, *k_norm;                /* [D] each: a norm per head, or NULL */
+    float qk_eps;
+    const float *attn_out_norm, *mlp_out_norm;   /* [hidden] on o's, down's output, or NULL */
+    float out_eps;
+    int group;                                   /* the attention group the layer reads */
+} LayerTraits;
+
 /* y[rows, N] (row stride ldy) = x[rows, k] @ W^T, each part's kernel writing its own
  * columns (block_gemm.c). */
 int block_weight_gemm(const BlockWeight *w, const float *x, int64_t rows, int64_t k, float *y,

@@ -57,7 +57,7 @@ class FastDecodeLayer:
                             layer.mlp.down_proj)
         self.traits = native_traits(layer, layer.spec, self.layer_idx)
         """The layer's norms, eps, qkv bias and group, as the native struct holds them."""
-        self.group = self.traits.fields["group"]
+        self.group = self.traits.struct.group
         self.entry = self._entry()
         """The layer's BlockStackLayer, its cache fields left for _bind."""
         self.shape = BlockStackShape(
@@ -70,7 +70,8 @@ class FastDecodeLayer:
 
     def _entry(self) -> BlockStackLayer:
         qkv, o, gate_up, down = (p.native_weight for p in self.projections)
-        return BlockStackLayer(qkv=qkv, o=o, gate_up=gate_up, down=down, **self.traits.fields)
+        return BlockStackLayer(traits=self.traits.struct, qkv=qkv, o=o, gate_up=gate_up,
+                               down=down)
 
     @property
     def max_rows(self) -> int:

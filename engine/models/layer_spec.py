@@ -10,10 +10,11 @@ LayerSpec, never by probing the modules for attributes:
     Qwen3           -        x            -             0         silu
     Gemma 3         -        x            x             1         gelu (tanh)
 
-`native_traits` is the one function that turns a layer's traits into the fields the
-native layer structs share (decode_layer.c's BlockStackLayer, decoder_stack.c's
-StackLayer): a new trait is a field here, its fill below, its field in the native
-struct, and a test.
+`native_traits` is the one function that turns a layer's traits into the native
+struct every native layer path reads (kernels.h's LayerTraits, which both
+decode_layer.c's BlockStackLayer and decoder_stack.c's StackLayer hold): a new trait
+is a field here, its fill below, its field in LayerTraits (and its ctypes mirror in
+kernels/block_layers.py), the kernels' use of it, and a test.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..kernels.block_layers import LayerTraits
 
 FULL, SLIDING = 0, 1
 """Attention groups (the native structs' `group`): full-context layers, and sliding-
@@ -98,10 +101,10 @@ def norms_fit_native(layer: nn.Module, spec: LayerSpec) -> bool:
 
 @dataclass(frozen=True)
 class NativeTraits:
-    """A layer's trait fields of the native layer structs (as keyword arguments of
-    their ctypes mirrors) and the tensors they point at, which must be kept alive."""
+    """A layer's LayerTraits struct and the tensors it points at, which must be kept
+    alive as long as the struct."""
 
-    fields: dict
+    struct: LayerTraits
     kept: tuple[torch.Tensor, ...]
 
 
@@ -110,13 +113,13 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 def native_traits(layer: nn.Module, spec: LayerSpec, layer_idx: int) -> NativeTraits:
-    """The fields every native layer struct shares, for layer `layer_idx` (the caller
-    checked norms_fit_native). The qkv bias is the projection's own fp32 tensor."""
+    """The LayerTraits of layer `layer_idx` (the caller checked norms_fit_native). The
+    qkv bias is the projection's own fp32 tensor."""
     norms = layer_norms(layer, spec)
     first, second, attn_out, _, q_norm, _ = norms
     scaled = [norm_weight(norm) for norm in norms]
     bias = layer.self_attn.qkv_proj.bias.detach().contiguous() if spec.qkv_bias else None
-    fields = dict(
+    struct = LayerTraits(
         input_norm=_pointer(scaled[0]), post_norm=_pointer(scaled[1]),
         input_eps=first.eps, post_eps=second.eps,
         attn_out_norm=_pointer(scaled[2]), mlp_out_norm=_pointer(scaled[3]),
@@ -125,4 +128,4 @@ def native_traits(layer: nn.Module, spec: LayerSpec, layer_idx: int) -> NativeTr
         qk_eps=0.0 if q_norm is None else q_norm.eps,
         qkv_bias=_pointer(bias),
         group=SLIDING if spec.layer_is_sliding[layer_idx] else FULL)
-    return NativeTraits(fields, tuple(t for t in scaled + [bias] if t is not None))
+    return NativeTraits(struct, tuple(t for t in scaled + [bias] if t is not None))

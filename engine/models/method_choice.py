@@ -89,8 +89,9 @@ def describe(module: nn.Module | None) -> str:
         return module.describe()
     if module is None:
         return "the embedding table, dense"
-    weight = module.weight
-    return f"dense {str(weight.dtype).removeprefix('torch.')}"
+    dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+    kind = "dense" if type(module) is nn.Linear else type(module).__name__   # TP shards
+    return f"{kind} {dtype}"
 
 
 def method_table(model: nn.Module) -> list[tuple[str, str, int]]:

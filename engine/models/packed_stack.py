@@ -43,6 +43,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..kernels.block_layers import LayerTraits
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear
 from .executors import ModelStep
@@ -50,16 +51,11 @@ from .layer_spec import FULL, NativeTraits, native_traits, norms_fit_native
 from .packed_layer import packed_of, packed_with_bias, step_fits
 
 class _Layer(ctypes.Structure):            # decoder_stack.c's StackLayer
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
+    _fields_ = [("traits", LayerTraits),
                 ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p),
                 ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
                 ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
-                ("num_slots", ctypes.c_int64),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
-                ("qk_eps", ctypes.c_float), ("out_eps", ctypes.c_float),
-                ("group", ctypes.c_int), ("qkv_bias", ctypes.c_void_p)]
+                ("num_slots", ctypes.c_int64)]
 
 
 class _Shape(ctypes.Structure):            # decoder_stack.c's StackShape
@@ -99,7 +95,7 @@ def _describe(layer: nn.Module) -> tuple[_Layer, NativeTraits] | None:
         return None
     traits = native_traits(layer, layer.spec, layer.self_attn.layer_idx)
     qkv, o, gate_up, down = (p.pairs.data_ptr() for p in weights)
-    return _Layer(qkv=qkv, o=o, gate_up=gate_up, down=down, **traits.fields), traits
+    return _Layer(traits=traits.struct, qkv=qkv, o=o, gate_up=gate_up, down=down), traits
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -148,7 +144,7 @@ class PackedStack:
         self.group_layers: dict[int, int] = {}
         """group -> the layer index of its first layer, whose cache the step checks."""
         for entry, index in zip(self.layers, self.layer_indices):
-            self.group_layers.setdefault(entry.group, index)
+            self.group_layers.setdefault(entry.traits.group, index)
         gate_up = layers[0].mlp.gate_up_proj.packed
         self.shape = _Shape(layers[0].input_layernorm.weight.shape[0], attn.num_heads,
                             attn.num_kv_heads, attn.head_dim, gate_up.gated_inter, attn.scale,

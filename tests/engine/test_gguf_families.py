@@ -61,7 +61,7 @@ def test_every_layer_is_on_the_stack(family):
     fast = layer_executors(family.module, FastDecodeLayer)
     assert all(isinstance(executor, FastDecodeLayer) for executor in fast)
     width = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
-    model_type, entry = family.config.model_type, fast[0].entry
+    model_type, entry = family.config.model_type, fast[0].entry.traits
     if model_type == "qwen2":
         bias = attn.qkv_proj.bias
         assert bias is not None and bias.shape == (width,) and bias.abs().min() > 0
