@@ -73,6 +73,11 @@ class Blocks:
         return Blocks(self.kind, self.codes[index], self.scales[index],
                       None if self.minima is None else self.minima[index])
 
+    def row_range(self, start: int, stop: int) -> "Blocks":
+        """Rows [start, stop) as views of these blocks' tensors."""
+        return Blocks(self.kind, self.codes[start:stop], self.scales[start:stop],
+                      None if self.minima is None else self.minima[start:stop])
+
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
         n = self.codes.shape[0]
@@ -89,9 +94,74 @@ class Blocks:
 
 
 def concat(parts: list[Blocks]) -> Blocks:
-    return Blocks(parts[0].kind, torch.cat([p.codes for p in parts]),
-                  torch.cat([p.scales for p in parts]),
-                  None if parts[0].minima is None else torch.cat([p.minima for p in parts]))
+    """The parts' rows in order, as one Blocks: views of one buffer where the parts are
+    consecutive row ranges of it (as parse_blocks_into leaves a fused projection's
+    parts), else a copy."""
+    fields = [[p.codes for p in parts], [p.scales for p in parts]]
+    if parts[0].minima is not None:
+        fields.append([p.minima for p in parts])
+    joined = [_adjacent(tensors) for tensors in fields]
+    if any(tensor is None for tensor in joined):
+        joined = [torch.cat(tensors) for tensors in fields]
+    return Blocks(parts[0].kind, joined[0], joined[1], joined[2] if len(joined) > 2 else None)
+
+
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One view over `tensors` where they are contiguous row ranges, back to back, of
+    one storage; else None."""
+    first, offset = tensors[0], tensors[0].storage_offset()
+    for tensor in tensors:
+        if (tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or tensor.storage_offset() != offset or not tensor.is_contiguous()
+                or tensor.shape[1:] != first.shape[1:]):
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
+def empty_blocks(form: str, rows: int, row_length: int) -> Blocks:
+    """Blocks of kernel form `form` for `rows` rows of `row_length` weights, not yet
+    written (parse_blocks_into fills them)."""
+    group = 16 if form == "Q8_16" else BLOCK
+    codes = (torch.empty(rows, row_length // 2, dtype=torch.uint8) if form == "Q4_1"
+             else torch.empty(rows, row_length, dtype=torch.int8))
+    minima = torch.empty(rows, row_length // BLOCK) if form in ("Q4_1", "Q5_1") else None
+    return Blocks(form, codes, torch.empty(rows, row_length // group), minima)
+
+
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+"""GGUF types whose blocks parse_blocks_into copies straight into place: their kernel
+form keeps the file's codes byte for byte (scales widened to fp32)."""
+
+
+def parse_blocks_into(kind: str, raw: torch.Tensor, out: Blocks, start: int,
+                      order: torch.Tensor | None = None) -> None:
+    """Parse GGUF bytes [N, row bytes] of type `kind` into rows [start, start + N) of
+    `out` (blocks of kind's form, as empty_blocks makes), in row order `order` when
+    given: the same values parse_blocks gives, without an intermediate copy for
+    DIRECT_TYPES in file order."""
+    n = raw.shape[0]
+    target = out.row_range(start, start + n)
+    if kind not in DIRECT_TYPES or order is not None:
+        parsed = parse_blocks(kind, raw)
+        parsed = parsed if order is None else parsed.rows(order)
+        target.codes.copy_(parsed.codes)
+        target.scales.copy_(parsed.scales)
+        if target.minima is not None:
+            target.minima.copy_(parsed.minima)
+        return
+    blocks = raw.reshape(n, -1, BYTES_PER_BLOCK[kind])              # [N, B, bytes]
+    count = blocks.shape[1]
+    target.scales.copy_(blocks[..., 0:2].view(torch.float16).squeeze(-1))
+    if kind == "Q8_0":
+        target.codes.view(n, count, BLOCK).copy_(blocks[..., 2:].view(torch.int8))
+    elif kind == "Q4_0":
+        target.codes.view(n, count, BLOCK // 2).copy_(blocks[..., 2:])
+        torch.mul(target.scales, -8, out=target.minima)
+    else:                                                           # Q4_1
+        target.minima.copy_(blocks[..., 2:4].view(torch.float16).squeeze(-1))
+        target.codes.view(n, count, BLOCK // 2).copy_(blocks[..., 4:])
 
 
 def _fp16_field(raw: torch.Tensor, start: int, stop: int) -> torch.Tensor:

@@ -222,7 +222,9 @@ _PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "
                 "self_attn.o_proj": ("self_attn.o_proj",),
                 "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
                 "mlp.down_proj": ("mlp.down_proj",)}
-"""Our fused projections -> the transformers parameters they join, in row order."""
+"""Our projections -> the transformers parameters they hold, in row order."""
+FUSED_PARTS = {name: parts for name, parts in _PROJECTIONS.items() if len(parts) > 1}
+"""The projections that join several transformers parameters."""
 
 
 class BlockEmbedding(nn.Module):

@@ -3,8 +3,9 @@ through a transformers model, no copy written to disk.
 
 Each tensor of the file (tensor table: gguf_tensors.py) is matched to its
 transformers name by gguf-py's tensor-name map, as transformers' own GGUF loader
-matches them (`get_gguf_hf_weights_map` over the model's parameter names, taken
-from a model built on the meta device), and passed through the same per-architecture
+matches them (`get_gguf_hf_weights_map` over the model's parameter names: for the
+families we have code for, the names their checkpoints hold; for others, those of a
+transformers model built on the meta device), and passed through the same per-architecture
 processor (llama.cpp stores Llama's q and k rows permuted for its RoPE layout, Gemma's
 norms as 1 + weight). Then:
 
@@ -22,6 +23,7 @@ it processes a column of row indices, and the answer is either a permutation of 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from ..loading import return_freed_memory
-from .block_formats import Blocks, parse_blocks
+from .block_formats import FORM_OF, Blocks, empty_blocks, parse_blocks, parse_blocks_into
 from .gguf_tensors import GGUFTensor, read_gguf_file
 
 
@@ -60,7 +62,6 @@ def _processing(architecture: str, config: Any):
     names (transformers' own `get_gguf_hf_weights_map` rebuilds gguf-py's name table
     for every submodule, and that dominated reading the default model's weights)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
-    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
@@ -68,15 +69,28 @@ def _processing(architecture: str, config: Any):
     if arch is None:
         raise ValueError(f"gguf-py knows no architecture {architecture!r}")
     table = get_tensor_name_map(arch, config.num_hidden_layers)
-    with torch.device("meta"):
-        names_model = AutoModelForCausalLM.from_config(config)
     mapping = {}
-    for hf_name in names_model.state_dict():
+    for hf_name in _parameter_names(config):
         stem, dot, suffix = processor.preprocess_name(hf_name).rpartition(".")
         gguf_name = table.get_name(stem) if suffix in ("weight", "bias") else None
         if gguf_name is not None:
             mapping[f"{gguf_name}.{suffix}"] = hf_name
     return processor, mapping
+
+
+def _parameter_names(config: Any) -> list[str]:
+    """The transformers parameter names of a model of `config`: for our families their
+    fixed layout (no transformers model is built: importing and building one was a
+    tenth of a 1.7B model's start), else a meta-device transformers model's."""
+    from . import has_own_code
+    from .llama import hf_weight_names
+
+    if has_own_code(config):
+        return hf_weight_names(config.num_hidden_layers)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return list(AutoModelForCausalLM.from_config(config).state_dict())
 
 
 def _processed(processor, tensor: GGUFTensor, values: np.ndarray, mapping: dict) -> np.ndarray:
@@ -107,19 +121,76 @@ def _dequantized(processor, tensor: GGUFTensor, mapping: dict) -> torch.Tensor:
 def read_gguf_checkpoint(path: Path, config: Any) -> GGUFCheckpoint:
     """The weights of `path` for a model of `config` (the config the file's metadata
     gives). Tensors the model has no parameter for are skipped, as transformers skips
-    them."""
+    them. The parts of a fused projection (q, k, v; gate, up) of one kernel form are
+    parsed into one buffer, so joining them later copies nothing (block_formats.concat)."""
     gguf_file = read_gguf_file(path)
     processor, mapping = _processing(gguf_file.architecture, config)
+    named = {mapping[t.name]: t for t in gguf_file.tensors if t.name in mapping}
     checkpoint = GGUFCheckpoint({})
-    for tensor in gguf_file.tensors:
-        name = mapping.get(tensor.name)
-        if name is not None:
+    joined = _joined_groups(named, processor, mapping)
+    for parts in joined.values():
+        _read_joined(checkpoint, parts, named)
+        for name, _ in parts:
+            _done_with(gguf_file, named[name])
+    for name, tensor in named.items():
+        if name not in checkpoint.blocks:
             _read_tensor(checkpoint, name, tensor, processor, mapping)
-            gguf_file.drop_pages(tensor)
-            if tensor.data.nbytes >= TRIM_AFTER_BYTES:
-                return_freed_memory()
+            _done_with(gguf_file, tensor)
     return_freed_memory()
     return checkpoint
+
+
+def _done_with(gguf_file, tensor: GGUFTensor) -> None:
+    gguf_file.drop_pages(tensor)
+    if tensor.data.nbytes >= TRIM_AFTER_BYTES:
+        return_freed_memory()
+
+
+def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict) -> dict:
+    """fused projection name -> [(part name, row order or None), ...] for the fused
+    projections whose parts are all present, all blocks of one kernel form, and only
+    reordered by the processor (else their parts are read one by one)."""
+    from .block_weights import FUSED_PARTS
+
+    groups = {}
+    for name in named:
+        stem, _, layer_part = name.partition(".layers.")
+        index, _, part = layer_part.partition(".")
+        fused = next((f for f, parts in FUSED_PARTS.items() if f"{parts[0]}.weight" == part), None)
+        if fused is None:
+            continue
+        names = [f"{stem}.layers.{index}.{p}.weight" for p in FUSED_PARTS[fused]]
+        tensors = [named.get(n) for n in names]
+        if any(t is None or t.kind not in FORM_OF for t in tensors) or len(
+                {FORM_OF[t.kind] for t in tensors}) != 1 or len({t.shape[1] for t in tensors}) != 1:
+            continue
+        orders = [_row_order(processor, t, mapping) for t in tensors]
+        if any(order is None for order in orders):
+            continue
+        groups[f"{stem}.layers.{index}.{fused}"] = [
+            (n, None if torch.equal(o, torch.arange(o.shape[0])) else o)
+            for n, o in zip(names, orders)]
+    return groups
+
+
+def _read_joined(checkpoint: GGUFCheckpoint, parts: list, named: dict) -> None:
+    tensors = [named[name] for name, _ in parts]
+    form = FORM_OF[tensors[0].kind]
+    out = empty_blocks(form, sum(t.shape[0] for t in tensors), tensors[0].shape[1])
+    start = 0
+    for (name, order), tensor in zip(parts, tensors):
+        parse_blocks_into(tensor.kind, _mapped(tensor), out, start, order)
+        checkpoint.blocks[name] = out.row_range(start, start + tensor.shape[0])
+        checkpoint.shapes[name] = tensor.shape
+        start += tensor.shape[0]
+
+
+def _mapped(tensor: GGUFTensor) -> torch.Tensor:
+    """The tensor's bytes [rows, row bytes] as a torch view of the mapped file: read
+    only (parsing writes nothing to it)."""
+    with warnings.catch_warnings():               # torch warns that the view is read-only
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(tensor.data)
 
 
 def _read_tensor(checkpoint: GGUFCheckpoint, name: str, tensor: GGUFTensor, processor,
@@ -128,11 +199,26 @@ def _read_tensor(checkpoint: GGUFCheckpoint, name: str, tensor: GGUFTensor, proc
     if order is None:
         checkpoint.dense[name] = _dequantized(processor, tensor, mapping)
         return
-    blocks = parse_blocks(tensor.kind, torch.from_numpy(tensor.data.copy()))
+    blocks = _parsed_in_place(tensor)
     if not torch.equal(order, torch.arange(order.shape[0])):
         blocks = blocks.rows(order)
     checkpoint.blocks[name] = blocks
     checkpoint.shapes[name] = tensor.shape
+
+
+def _parsed_in_place(tensor: GGUFTensor) -> Blocks:
+    """The tensor's blocks, parsed straight from the mapped file (no copy of its bytes
+    first). Parsing only reads its input; any output that still views the file's
+    read-only pages is copied, so no block outlives the mapping or writes to it."""
+    raw = _mapped(tensor)
+    blocks = parse_blocks(tensor.kind, raw)
+    start, end = raw.data_ptr(), raw.data_ptr() + raw.numel()
+
+    def owned(part: torch.Tensor | None) -> torch.Tensor | None:
+        inside = part is not None and start <= part.untyped_storage().data_ptr() < end
+        return part.clone() if inside else part
+
+    return Blocks(blocks.kind, owned(blocks.codes), owned(blocks.scales), owned(blocks.minima))
 
 
 TRIM_AFTER_BYTES = 16 << 20

@@ -253,6 +253,18 @@ LAYER_PARTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_pro
                "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
 
 
+def hf_weight_names(num_layers: int) -> list[str]:
+    """Every weight name a transformers checkpoint of the families we have code for
+    may hold, in transformers' naming (q, k, v and gate, up unfused)."""
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    for i in range(num_layers):
+        prefix = f"model.layers.{i}."
+        names += [f"{prefix}{part}.{kind}" for parts in _FUSED.values() for part in parts
+                  for kind in ("weight", "bias")]
+        names += [prefix + part for part in LAYER_PARTS]
+    return names
+
+
 def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
     """Yield (our_name, tensor): strip the `model.` prefix, concatenate the parts of
     each fused projection along the output dimension (q, k, v / gate, up)."""

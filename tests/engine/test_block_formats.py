@@ -7,6 +7,7 @@ file decodes from its own blocks with the dense path's greedy tokens."""
 from __future__ import annotations
 
 import collections
+import warnings
 
 import numpy as np
 import pytest
@@ -119,3 +120,41 @@ def test_gemma3_q4_k_m_decodes_from_its_own_blocks():
     assert set(kinds) == {"Q4_1", "Q8_0", "Q8_16"}
     dense = load_model("gemma3-270m", progress=False, block_kernels=False)
     assert_blocks_decode_like_dense(blocked, dense, max_new_tokens=24)
+
+
+@pytest.mark.parametrize("kind", sorted(FORM_OF))
+def test_parts_parsed_into_one_buffer_equal_their_own_parse_and_join_without_a_copy(kind):
+    """A fused projection's parts (q, k, v rows) parsed into one buffer, straight from
+    read-only bytes, hold what parse_blocks gives each (in a row order, where one is
+    asked for), and concat joins them as a view of that buffer."""
+    from engine.models.block_formats import concat, empty_blocks, parse_blocks_into
+
+    sizes, cols = (8, 4, 4), 512
+    raws = [random_blocks(kind, rows, cols, seed=i) for i, rows in enumerate(sizes)]
+    for raw in raws:
+        raw.flags.writeable = False                   # as the mapped file is
+    order = torch.randperm(sizes[1], generator=torch.Generator().manual_seed(0))
+    out = empty_blocks(FORM_OF[kind], sum(sizes), cols)
+    parts, start = [], 0
+    for i, raw in enumerate(raws):
+        with warnings.catch_warnings():          # torch warns that the view is read-only
+            warnings.simplefilter("ignore", UserWarning)
+            view = torch.from_numpy(raw)
+        parse_blocks_into(kind, view, out, start, order if i == 1 else None)
+        parts.append(out.row_range(start, start + raw.shape[0]))
+        start += raw.shape[0]
+    for i, (raw, part) in enumerate(zip(raws, parts)):
+        want = parse_blocks(kind, torch.from_numpy(raw.copy()))
+        want = want.rows(order) if i == 1 else want
+        for got_field, want_field in ((part.codes, want.codes), (part.scales, want.scales),
+                                      (part.minima, want.minima)):
+            assert (got_field is None) == (want_field is None)
+            assert got_field is None or torch.equal(got_field, want_field)
+    joined = concat(parts)
+    assert joined.codes.data_ptr() == out.codes.data_ptr()        # a view: nothing copied
+    assert torch.equal(joined.dequantize(), out.dequantize())
+    copied = concat([parts[1], parts[0]])                          # out of order: a copy
+    assert copied.codes.data_ptr() != out.codes.data_ptr()
+    assert torch.equal(copied.dequantize(), torch.cat([parts[1].dequantize(),
+                                                       parts[0].dequantize()]))
+

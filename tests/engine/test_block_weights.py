@@ -110,7 +110,7 @@ def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds, act):
     mlp.down_proj = block_linear(kernels, kinds[1], hidden, inter, seed=5)
     assert mlp.gate_up_proj.kind == (kinds[0][0] if len(kinds[0]) == 1 else "mixed")
     assert FusedBlockMLP.applies(mlp)
-    x = torch.randn(rows, hidden)
+    x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
     unfused = mlp(x)
     mlp.use_fused(FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels,
                                 FUSED_ACTIVATIONS[act]))
