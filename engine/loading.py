@@ -24,6 +24,7 @@ import functools
 import gc
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -31,6 +32,7 @@ import os
 import re
 import shutil
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -164,16 +166,16 @@ def download_from_hub(repo_id: str) -> Path:
 
 
 def _gguf_cache_key(path: Path) -> str:
-    import transformers
     stat = path.stat()
-    raw = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    version = importlib.metadata.version("transformers")
+    raw = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{version}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
     """A directory with the config and tokenizer of a GGUF file (built once, then
     cached); the weights stay in the file."""
-    target = cache_dir / "gguf-metadata" / f"{path.stem}-{_gguf_cache_key(path)}"
+    target = cache_dir / METADATA_FOLDER / f"{path.stem}-{_gguf_cache_key(path)}"
     if (target / "config.json").is_file():
         return target
     from transformers import AutoConfig, AutoTokenizer
@@ -199,6 +201,8 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
     return target
 
 
+METADATA_FOLDER = "gguf-metadata"
+"""The cache folder of the GGUF files' configs and tokenizers."""
 SOURCE_RECORD = "kvserve-source.txt"
 """The file in a metadata folder naming the GGUF file it was read from."""
 
@@ -243,9 +247,24 @@ QUANTIZED_CHECKPOINTS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "bitsandbyt
 in a quantized form the engine does not read -> their names, for the error."""
 
 
+class SavedConfig(types.SimpleNamespace):
+    """A config.json that transformers wrote in full (every field, defaults included:
+    the GGUF metadata folders gguf_metadata_dir makes), read as attributes. It serves
+    our own families, which read a config's fields only; building transformers' config
+    class instead imports a large part of transformers (a second and ~90 MB of a
+    server's start, docs/benchmarks.md "Start-up and real-size models")."""
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
 def read_config(model_dir: Path):
-    """The transformers config of a model directory; a model_type transformers does
-    not know is a ModelLoadError naming it."""
+    """The config of a model directory: a SavedConfig for a GGUF metadata folder of one
+    of our families, else transformers' config; a model_type transformers does not
+    know is a ModelLoadError naming it."""
+    saved = _saved_config(model_dir)
+    if saved is not None:
+        return saved
     from transformers import AutoConfig
 
     try:
@@ -257,6 +276,41 @@ def read_config(model_dir: Path):
             model_type = None
         raise ModelLoadError(f"model_type {model_type!r} in {model_dir} is not one transformers "
                              f"can load ({error})") from error
+
+
+def _saved_config(model_dir: Path) -> SavedConfig | None:
+    """The folder's config as a SavedConfig where gguf_metadata_dir wrote it (a folder
+    of its `gguf-metadata` cache) for a model_type we have code for."""
+    from .models import OWN_MODEL_TYPES
+
+    if model_dir.parent.name != METADATA_FOLDER or not (model_dir / "config.json").is_file():
+        return None
+    values = json.loads((model_dir / "config.json").read_text())
+    return SavedConfig(**values) if values.get("model_type") in OWN_MODEL_TYPES else None
+
+
+FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""tokenizer_config.json classes that are transformers' plain fast tokenizer over a
+tokenizer.json, with no family-specific code (the GGUF metadata folders' tokenizers)."""
+
+
+def load_tokenizer(model_dir: Path):
+    """The tokenizer of a model directory, or None where it has no tokenizer files.
+    The plain fast tokenizer class is loaded directly; AutoTokenizer would first build
+    the model's transformers config to choose it (see SavedConfig)."""
+    if not any((model_dir / name).is_file() for name in (
+            "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        return None
+    settings_path = model_dir / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+    if settings.get("tokenizer_class") in FAST_TOKENIZER_CLASSES \
+            and (model_dir / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def check_quantization(config) -> None:

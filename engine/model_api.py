@@ -208,10 +208,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
     each rank uses the GPU of its LOCAL_RANK."""
-    from transformers import AutoTokenizer
-
-    from .loading import (auto_dtype, check_quantization, gguf_source, parse_dtype,
-                          read_config, resolve_model_dir)
+    from .loading import (auto_dtype, check_quantization, gguf_source, load_tokenizer,
+                          parse_dtype, read_config, resolve_model_dir)
     from .models import has_own_code
 
     from .models.method_choice import choose_linear_methods
@@ -237,9 +235,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         config = read_config(model_dir)
         source = gguf_source(str(spec), cache) or model_dir
         generation_config = _generation_config_from(model_dir, config)
-        if tokenizer is None and any((model_dir / name).is_file() for name in (
-                "tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
-            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model_dir)
     check_quantization(config)
     if dtype == "auto":
         torch_dtype = auto_dtype(config, device)

@@ -17,6 +17,8 @@ MODEL_REGISTRY = {
     "qwen3": LlamaFamilyForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
 }
+OWN_MODEL_TYPES = frozenset(MODEL_REGISTRY)
+"""The model_types one of our decoder implementations serves."""
 
 
 def has_own_code(config: Any) -> bool:
@@ -38,7 +40,21 @@ def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
                          f"{sorted(MODEL_REGISTRY)}")
     with torch.device("meta"):  # no random init: every weight comes from the checkpoint
         model = MODEL_REGISTRY[model_type](config)
-    model = model.to_empty(device=device).to(dtype=dtype)
+    _allocate(model, dtype, device)
     model.load_hf_state_dict(state_dict if prepare is None else prepare(model))
     model.reset_buffers(device)  # buffers are not in the checkpoint; rebuild in fp32
     return model.eval()
+
+
+def _allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every parameter made on the meta device real, unwritten storage on
+    `device` (floating ones in `dtype`): what to_empty and to(dtype) do, but through
+    the plain factory, since their meta-tensor paths import torch's symbolic-shape
+    machinery (a quarter second and ~35 MB of a server's start)."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                kind = dtype if param.is_floating_point() else param.dtype
+                module.register_parameter(name, torch.nn.Parameter(
+                    torch.empty(param.shape, dtype=kind, device=device),
+                    requires_grad=param.requires_grad))

@@ -17,7 +17,8 @@ from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
 from .executors import LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
-from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
+from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
+                     rope_parameters)
 from .llama import LlamaFamilyForCausalLM
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -125,7 +126,7 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         nn.Module.__init__(self)
         self.config = config
         self.spec = gemma3_spec(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = checkpoint_embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.hidden_size ** 0.5
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))

@@ -53,6 +53,15 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
+def checkpoint_embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """An nn.Embedding whose table the checkpoint fills: made with an uninitialised
+    table, because nn.Embedding's own random init on the meta device (build_model)
+    runs through torch's decompositions and imports its compiler stack (most of a
+    second and ~70 MB of a server's start)."""
+    return nn.Embedding(num_embeddings, embedding_dim,
+                        _weight=torch.empty(num_embeddings, embedding_dim))
+
+
 ACTIVATIONS = {
     "silu": F.silu,
     "swish": F.silu,
@@ -106,11 +115,14 @@ def rope_parameters(config: Any) -> dict:
 
 
 def rope_inv_freq(head_dim: int, params: dict, config: Any) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim // 2] and the attention scaling factor."""
+    """Inverse frequencies [head_dim // 2] on the CPU (also inside build_model's meta-
+    device construction: arithmetic on meta tensors imports torch's compiler stack)
+    and the attention scaling factor."""
     base = float(params["rope_theta"])
     partial = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
     dim = int(head_dim * partial)
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (base ** (steps / dim))
     rope_type = params["rope_type"]
     if rope_type == "default":
         return inv_freq, 1.0

@@ -18,7 +18,8 @@ from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
 from .executors import Executors, LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
-from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
+from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
+                     rope_parameters)
 
 
 def llama_spec(config: Any) -> LayerSpec:
@@ -153,7 +154,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.spec = llama_spec(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = checkpoint_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

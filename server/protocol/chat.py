@@ -74,8 +74,12 @@ class ToolCall(OpenAIModel):
                 "function": {"name": self.function.name, "arguments": arguments}}
 
 
-def join_text_parts(value: Any) -> str:
-    """Content as one string: a string as is, text parts concatenated."""
+def join_text_parts(value: Any, text_types: tuple[str, ...] = ("text",),
+                    strict_fields: bool = True) -> str:
+    """Content as one string: a string as is, parts of `text_types` concatenated.
+    `strict_fields`: a part's keys besides type and text are an error (chat's text
+    parts), else ignored (the annotations and logprobs a replayed Responses output
+    part carries)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -85,10 +89,12 @@ def join_text_parts(value: Any) -> str:
         if not isinstance(part, dict):
             raise ValueError(f"part {index} must be an object")
         kind = part.get("type")
-        if kind != "text":
-            raise ValueError(f"part {index} has unsupported type {kind!r}; only 'text' is supported")
+        if kind not in text_types:
+            named = ", ".join(repr(t) for t in text_types)
+            raise ValueError(f"part {index} has unsupported type {kind!r}; only text parts "
+                             f"({named}) are supported")
         extra = set(part) - {"type", "text"}
-        if extra:
+        if extra and strict_fields:
             raise ValueError(f"part {index} has unsupported field(s): {', '.join(sorted(extra))}")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"part {index} needs a string 'text'")

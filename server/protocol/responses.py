@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import OpenAIModel
+from .chat import join_text_parts
 
 _FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
@@ -42,22 +43,7 @@ def join_input_parts(value: Any) -> str:
     """A message's or a tool output's content as one string: a string as is, text
     parts concatenated. The keys a replayed output part carries besides its text
     (annotations, logprobs) are ignored; image, file and audio parts are refused."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise ValueError("must be a string or a list of content parts")
-    texts = []
-    for index, part in enumerate(value):
-        if not isinstance(part, dict):
-            raise ValueError(f"part {index} must be an object")
-        kind = part.get("type")
-        if kind not in _TEXT_PART_TYPES:
-            raise ValueError(f"part {index} has unsupported type {kind!r}; only text parts "
-                             "('input_text', 'output_text') are supported")
-        if not isinstance(part.get("text"), str):
-            raise ValueError(f"part {index} needs a string 'text'")
-        texts.append(part["text"])
-    return "".join(texts)
+    return join_text_parts(value, _TEXT_PART_TYPES, strict_fields=False)
 
 
 class MessageItem(OpenAIModel):
