@@ -27,7 +27,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
-from fastapi import Request
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 from starlette.types import Receive
 
 from engine.outputs import GenerationOutput
@@ -255,6 +256,15 @@ async def wait_for_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def json_until_disconnect(request: Request, work: Awaitable[dict]) -> Response:
+    """The JSON body `work` makes, or a 499 when the client left first (its choices
+    are then cancelled by the caller's cleanup)."""
+    try:
+        return JSONResponse(await run_until_disconnect(request, work))
+    except ClientDisconnected:
+        return Response(status_code=499)
 
 
 async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 
 from .body import parse_request
 from .chat_answer import AnswerShape
-from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
-                         new_id, run_until_disconnect, start_run, submit_choices, usage)
+from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+                         json_until_disconnect, new_id, start_run, submit_choices, usage)
 from .logprobs import chat_logprobs
 from .prompts import render_chat
 from .protocol.chat import ChatCompletionRequest, ChatMessage
@@ -60,11 +59,7 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     if plan.stream:
         return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
                             write_timeout_s=state.settings.stream_write_timeout_s)
-    try:
-        result = await run_until_disconnect(request, job.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    return JSONResponse(result)
+    return await json_until_disconnect(request, job.collect())
 
 
 def _finish_reason(reason: str | None, calls_tools: bool) -> str | None:

@@ -15,12 +15,11 @@ import time
 from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 
 from .body import parse_request
 from .detokenizer import decode_all
-from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
-                         new_id, run_until_disconnect, start_run, submit_choices, usage)
+from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+                         json_until_disconnect, new_id, start_run, submit_choices, usage)
 from .logprobs import CompletionLogprobs, merge_completion_logprobs
 from .prompts import completion_prompt_ids
 from .protocol.completions import CompletionRequest
@@ -59,10 +58,7 @@ async def create_completion(request: Request, state: ServingState) -> Response:
     if plan.stream:
         return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
                             write_timeout_s=state.settings.stream_write_timeout_s)
-    try:
-        return JSONResponse(await run_until_disconnect(request, job.collect()))
-    except ClientDisconnected:
-        return Response(status_code=499)
+    return await json_until_disconnect(request, job.collect())
 
 
 def _echo_text(state: ServingState, raw_prompt: str | list[int], prompt_ids: list[int]) -> str:

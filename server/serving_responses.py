@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 
 from .body import parse_request
 from .chat_answer import AnswerShape
 from .errors import OpenAIError
-from .generation import (Choice, ClientDisconnected, GenerationRun, cancel_all, merge_deltas,
-                         run_until_disconnect, start_run, submit_choices)
+from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+                         json_until_disconnect, start_run, submit_choices)
 from .prompts import render_chat
 from .protocol.responses import ResponsesRequest
 from .responses_input import function_tools, to_chat_request
@@ -90,11 +89,7 @@ async def create_response(request: Request, state: ServingState) -> Response:
     if plan.stream:
         return NamedEventStream(job.stream(), on_close=lambda: cancel_all(choices),
                                 write_timeout_s=state.settings.stream_write_timeout_s)
-    try:
-        result = await run_until_disconnect(request, job.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    return JSONResponse(result)
+    return await json_until_disconnect(request, job.collect())
 
 
 @dataclass
