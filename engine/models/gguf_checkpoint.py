@@ -57,14 +57,13 @@ class GGUFCheckpoint:
 
 
 def _processing(architecture: str, config: Any):
-    """(transformers' tensor processor for this architecture, GGUF name -> HF name).
+    """(the tensor processor for this architecture, GGUF name -> HF name).
     The names are mapped as transformers maps them, in one pass over the parameter
     names (transformers' own `get_gguf_hf_weights_map` rebuilds gguf-py's name table
     for every submodule, and that dominated reading the default model's weights)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    processor = _processor(architecture, config)
     arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
     if arch is None:
         raise ValueError(f"gguf-py knows no architecture {architecture!r}")
@@ -76,6 +75,19 @@ def _processing(architecture: str, config: Any):
         if gguf_name is not None:
             mapping[f"{gguf_name}.{suffix}"] = hf_name
     return processor, mapping
+
+
+def _processor(architecture: str, config: Any):
+    """Our processor (gguf_processors.py) for our families' architectures, else
+    transformers' for this architecture."""
+    from . import has_own_code
+    from .gguf_processors import OWN_PROCESSORS, GGUFProcessor
+
+    if has_own_code(config) and architecture in OWN_PROCESSORS:
+        return GGUFProcessor(architecture, config.to_dict())
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
 
 
 def _parameter_names(config: Any) -> list[str]:
