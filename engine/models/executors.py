@@ -80,9 +80,6 @@ class Executors:
         the stacks against the layer loop)."""
         return replace(self, stacks=())
 
-    def only_torch(self) -> "Executors":
-        return Executors()
-
 
 def run_stack(executors: Executors, step: ModelStep) -> torch.Tensor | None:
     """The output of the first whole-stack executor that fits, or None."""
