@@ -19,8 +19,8 @@ ends the stream. A failure once the stream has started cannot change the status 
 more: it goes out as an `error` event followed by `response.failed`.
 
 `ResponseEvents` turns the chat path's streamed deltas (chat_answer.AnswerStream:
-`content`, `reasoning_content`, `tool_calls`) into these events; `NamedEventStream`
-writes OpenAI's `event:` line in front of each event's `data:` line.
+`content`, `reasoning_content`, `tool_calls`) into these events, each named by its
+type (OpenAI's `event:` line before its `data:` line, sse.encode).
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from starlette.types import Message, Send
-
 from .errors import OpenAIError
 from .responses_output import (failed, finished, function_call_item, item_id, message_item,
                                output_text_part, reasoning_item, reasoning_text_part)
-from .sse import EventStreamResponse, event
+from .sse import event
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +55,7 @@ class ResponseEvents:
     def _event(self, type_: str, **fields: Any) -> dict[str, str]:
         payload = {"type": type_, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return event(payload)
+        return event(payload, name=type_)
 
     def start(self) -> list[dict[str, str]]:
         return [self._event("response.created", response=self.response),
@@ -152,26 +150,6 @@ class ResponseEvents:
             self._event("error", code=error.code, message=error.message, param=error.param),
             self._event("response.failed",
                         response=failed(self.response, self.output, error.message))]
-
-
-_DATA_TYPE = b'data: {"type":"'
-"""How every event of ResponseEvents begins on the wire (`type` is its first key)."""
-
-
-class NamedEventStream(EventStreamResponse):
-    """EventStreamResponse (sse.py: disconnects, pings, the write timeout) whose
-    events each get an `event: <type>` line before their `data:` line, the name
-    read from the data's leading `type` key. Comment lines (pings) pass as they are."""
-
-    async def _send_events(self, send: Send) -> None:
-        async def send_named(message: Message) -> None:
-            body = message.get("body", b"")
-            if message["type"] == "http.response.body" and body.startswith(_DATA_TYPE):
-                name = body[len(_DATA_TYPE):body.index(b'"', len(_DATA_TYPE))]
-                message = {**message, "body": b"event: " + name + b"\n" + body}
-            await send(message)
-
-        await super()._send_events(send_named)
 
 
 def internal_error() -> OpenAIError:

@@ -30,8 +30,9 @@ from .prompts import render_chat
 from .protocol.responses import ResponsesRequest
 from .responses_input import function_tools, to_chat_request
 from .responses_output import finished, in_progress, item_id, output_items, usage
-from .responses_stream import NamedEventStream, ResponseEvents, internal_error
+from .responses_stream import ResponseEvents, internal_error
 from .sampling import build_plan
+from .sse import EventStreamResponse
 from .state import ServingState
 from .structured_output import compile_spec
 
@@ -87,8 +88,8 @@ async def create_response(request: Request, state: ServingState) -> Response:
         choices = submit_choices(state, response_id, [rendered.ids], plan)
     job = _ResponseJob(state, run, choices, shape, in_progress(body, tools, response_id, model))
     if plan.stream:
-        return NamedEventStream(job.stream(), on_close=lambda: cancel_all(choices),
-                                write_timeout_s=state.settings.stream_write_timeout_s)
+        return EventStreamResponse(job.stream(), on_close=lambda: cancel_all(choices),
+                                   write_timeout_s=state.settings.stream_write_timeout_s)
     return await json_until_disconnect(request, job.collect())
 
 

@@ -42,8 +42,11 @@ PING = b": ping\n\n"
 HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
 
-def event(payload: dict[str, Any]) -> dict[str, str]:
-    return {"data": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+def event(payload: dict[str, Any], name: str | None = None) -> dict[str, str]:
+    """One event: `payload` as compact JSON, under the event `name` when given (the
+    Responses API names every event; chat and completions name none)."""
+    data = {"data": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+    return data if name is None else {"event": name, **data}
 
 
 TEXT_SLOT = "\ue000kvserve-text\ue000"
@@ -74,7 +77,9 @@ class TextEvents:
 
 def encode(item: dict[str, str]) -> bytes:
     """One event's wire form; `data` never holds a newline (compact JSON or [DONE])."""
-    return b"data: " + item["data"].encode() + b"\n\n"
+    data = b"data: " + item["data"].encode() + b"\n\n"
+    name = item.get("event")
+    return data if name is None else b"event: " + name.encode() + b"\n" + data
 
 
 async def _guarded(events: AsyncIterator[dict[str, str]]) -> AsyncIterator[dict[str, str]]:

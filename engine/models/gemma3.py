@@ -151,7 +151,7 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
         rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
         executors = self.executors
-        if layer_step is None and self.attn_backend.name == "torch":
+        if executors.stacks and layer_step is None and self.attn_backend.name == "torch":
             out = run_stack(executors, ModelStep(hidden, *rope[FULL], kv_cache, meta,
                                                  sliding_rope=rope[SLIDING]))
             if out is not None:

@@ -203,7 +203,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
         executors = self.executors
-        if layer_step is None and self.attn_backend.name == "torch":
+        if executors.stacks and layer_step is None and self.attn_backend.name == "torch":
             out = run_stack(executors, ModelStep(hidden, cos, sin, kv_cache, meta))
             if out is not None:
                 return self.norm(out)

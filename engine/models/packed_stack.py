@@ -6,7 +6,8 @@ is spent while the kernels' helper threads spin; and in a server every return fr
 kernel waits for the interpreter lock while the event loop holds it (~360 returns per
 step of the default model's 30 layers), so any Python work beside the engine slows
 every step. decoder_stack.c runs the same kernels in the same order for every layer
-in one call: up to NATIVE_BF16_MAX_ROWS rows the output is bit-identical to the loop's (tests/engine/test_packed_stack.py).
+in one call: up to NATIVE_BF16_MAX_ROWS rows the output is bit-identical to the
+loop's (tests/engine/test_packed_stack.py).
 
 Past that the loop multiplies on oneDNN (bf16 products, rounded before the fp32
 residual stream; the activation a separate pass), while the stack keeps the native
@@ -191,10 +192,11 @@ class PackedStack:
             self.bound[kv_cache] = found
         return found
 
-    def _groups(self, step: ModelStep):
-        """The step's StackGroup per attention group ([full, sliding]; a group no
-        layer reads stays zero), or None when a group's step is not for the stack."""
-        groups, rows = (_Group * 2)(), step.hidden.shape[0]
+    def _group_views(self, step: ModelStep) -> list | None:
+        """(group, metadata, cos, sin, contexts) of each attention group the layers
+        read, or None when a group's step is not for the stack (its contexts, rotary
+        tables or cache layout are not the native attention's)."""
+        views, rows = [], step.hidden.shape[0]
         for group, index in self.group_layers.items():
             group_meta = step.meta if group == FULL else step.meta.sliding
             group_cos, group_sin = (step.cos, step.sin) \
@@ -204,29 +206,30 @@ class PackedStack:
                     group_meta, group_cos, group_sin, step.kv_cache.key_caches[index],
                     step.kv_cache.value_caches[index]):
                 return None
-            slots, lengths, slot_rows, starts = contexts
-            groups[group] = _Group(group_cos.data_ptr(), group_sin.data_ptr(),
-                                   group_meta.slot_mapping.data_ptr(), slots.data_ptr(),
-                                   _pointer(slot_rows), _pointer(starts), slots.shape[0],
-                                   lengths.data_ptr(), slots.shape[1])
-        return groups
+            views.append((group, group_meta, group_cos, group_sin, contexts))
+        return views
 
     def fits(self, step: ModelStep) -> bool:
         """Rows past the block kernels', fp32 CPU hidden states, not a decode fast-path
-        or traced step, every group's contexts for the native attention (_groups) and a
-        cache of one dtype."""
+        or traced step, every group's contexts for the native attention (_group_views)
+        and a cache of one dtype."""
         hidden = step.hidden
         return (self.block_rows < hidden.shape[0] and hidden.dim() == 2
                 and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
                 and not step.meta.decode_fast_path and not torch.compiler.is_compiling()
-                and self._groups(step) is not None and self._bind(step.kv_cache) is not None)
+                and self._group_views(step) is not None
+                and self._bind(step.kv_cache) is not None)
 
     def run(self, step: ModelStep) -> torch.Tensor:
         """The last layer's output [T, hidden]. cos, sin: the rotary tables of the
         full-attention layers (of every layer without `sliding_rope`); sliding_rope:
         Gemma 3's (cos, sin) of its local layers."""
         layers, shape = self._bind(step.kv_cache)
-        groups = self._groups(step)
+        groups = (_Group * 2)()                  # a group no layer reads stays zero
+        for group, meta, cos, sin, (slots, lengths, slot_rows, starts) in self._group_views(step):
+            groups[group] = _Group(cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
+                                   slots.data_ptr(), _pointer(slot_rows), _pointer(starts),
+                                   slots.shape[0], lengths.data_ptr(), slots.shape[1])
         x = step.hidden.contiguous().clone()
         status = self.function(layers, len(self.kept), ctypes.byref(shape), x.data_ptr(),
                                x.shape[0], groups, len(groups), self.kernels.num_threads)

@@ -116,3 +116,11 @@ def test_a_client_that_reads_nothing_is_cut_after_the_write_timeout():
     elapsed = asyncio.run(main())
     assert 0.3 <= elapsed < 2 and closed == [True] and cleaned == [True]
     assert len(produced) == 4
+
+
+def test_a_named_event_carries_its_event_line_before_its_data():
+    from server.sse import encode, event
+
+    assert encode(event({"type": "response.created", "n": 1}, name="response.created")) == (
+        b'event: response.created\ndata: {"type":"response.created","n":1}\n\n')
+    assert encode(event({"n": 1})) == b'data: {"n":1}\n\n'
