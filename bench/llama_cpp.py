@@ -1,9 +1,10 @@
-"""Build llama.cpp's `llama-server` for side-by-side benchmarks, from the sources inside
-the PyPI sdist of `llama-cpp-python` (the only registry this kind of host reaches).
-Never part of `make test`: about 15 minutes on 2 cores, once; later calls return the
-built binary.
+"""Build llama.cpp's `llama-server` (and `llama-quantize`, which writes the K-quant
+types gguf-py cannot) for side-by-side benchmarks, from the sources inside the PyPI
+sdist of `llama-cpp-python` (the only registry this kind of host reaches). Never part
+of `make test`: about 15 minutes on 2 cores, once; later calls return the built binary.
 
     python -m bench.llama_cpp                 # prints the path of llama-server
+    python -m bench.llama_cpp --tool llama-quantize
     python -m bench.startup --label llama.cpp --port 8041 --health /health -- \\
         $(python -m bench.llama_cpp) -m model.gguf --port 8041 -np 8 -c 8192 -t 2
 
@@ -40,29 +41,38 @@ def _sdist_url(version: str) -> str:
     return next(entry["url"] for entry in index["files"] if entry["filename"] == name)
 
 
-def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2) -> Path:
-    """The path of llama-server from llama-cpp-python `version`'s sources, built on
-    first use."""
+TOOLS = ("llama-server", "llama-quantize")
+
+
+def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2,
+                 tool: str = "llama-server") -> Path:
+    """The path of `tool` (one of TOOLS) from llama-cpp-python `version`'s sources,
+    built on first use."""
     target = build_root() / version
-    binary = target / "build" / "bin" / "llama-server"
+    binary = target / "build" / "bin" / tool
     if binary.is_file():
         return binary
     target.mkdir(parents=True, exist_ok=True)
+    if not any(target.glob("llama_cpp_python-*")):
+        _download(version, target)
+    sources = next(target.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    build = target / "build"
+    subprocess.run(["cmake", "-S", str(sources), "-B", str(build), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)],
+                   check=True)
+    return binary
+
+
+def _download(version: str, target: Path) -> None:
     with tempfile.TemporaryDirectory() as download:
         archive = Path(download) / "sources.tar.gz"
         archive.write_bytes(httpx.get(_sdist_url(version), follow_redirects=True,
                                       timeout=300).content)
         with tarfile.open(archive) as tar:
             tar.extractall(target, filter="data")
-    sources = next(target.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    build = target / "build"
-    subprocess.run(["cmake", "-S", str(sources), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j",
-                    str(jobs)], check=True)
-    return binary
 
 
 def main(argv=None) -> None:
@@ -70,8 +80,9 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-python version")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--tool", choices=TOOLS, default="llama-server")
     args = parser.parse_args(argv)
-    print(llama_server(args.version, args.jobs))
+    print(llama_server(args.version, args.jobs, args.tool))
 
 
 if __name__ == "__main__":

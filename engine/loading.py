@@ -379,6 +379,7 @@ def parse_dtype(dtype: Any) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if dtype not in names:
-        raise ValueError(f"dtype must be one of {sorted(names) + ['bf16-weights', 'int8-weights']}, "
+        raise ValueError(f"dtype must be one of "
+                         f"{sorted(names) + ['bf16-weights', 'int8-weights', 'int8-activations']}, "
                          f"got {dtype!r}")
     return names[dtype]

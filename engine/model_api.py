@@ -192,8 +192,10 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     """Load a model for the engine; see engine.loading for the accepted specs.
 
     `dtype`: "auto" (float32 on CPU, the checkpoint's bf16/fp16 on accelerators, else
-    bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights" or
-    "int8-weights" (models/mixed_precision.py).
+    bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
+    "int8-weights" (models/mixed_precision.py) or "int8-activations" (a GGUF on CPU:
+    its blocks multiply activations quantized to int8 per 32 values, as llama.cpp
+    does; models/int8_blocks.py).
 
     `kv_cache_dtype`: "float32", "bfloat16", or "auto": bf16 for dtype bf16-weights,
     else fp32 on CPU and the model's dtype on accelerators. A bf16 cache holds twice
@@ -213,7 +215,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     from .models import has_own_code
 
     from .models.method_choice import choose_linear_methods
-    from .models.mixed_precision import INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES
+    from .models.mixed_precision import (INT8_ACTIVATION_NAMES, INT8_DTYPE_NAMES,
+                                         MIXED_DTYPE_NAMES)
     from .cpu_threads import release_openmp_pool
     from .loading import return_freed_memory
 
@@ -223,7 +226,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         raise ValueError(f"kv_cache_dtype must be 'auto', 'float32' or 'bfloat16', "
                          f"got {kv_cache_dtype!r}")
     mixed, int8 = dtype in MIXED_DTYPE_NAMES, dtype in INT8_DTYPE_NAMES
-    torch_dtype = torch.float32 if mixed else torch.bfloat16 if int8 else parse_dtype(dtype)
+    int8_activations = dtype in INT8_ACTIVATION_NAMES
+    torch_dtype = (torch.float32 if mixed or int8_activations else torch.bfloat16 if int8
+                   else parse_dtype(dtype))
     device = torch.device(device)
     started = time.perf_counter()
     generation_config = None
@@ -244,12 +249,13 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     if has_own_code(config):
         module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
                              device, cache_dir, tp_size, cpu_group_timeout, block_kernels,
-                             keep_dense=mixed)
+                             keep_dense=mixed, int8_activations=int8_activations)
         choose_linear_methods(module, dtype, pack=single_cpu)
         if single_cpu:
             _use_executors(module, cache_dir)
     else:
-        module = _transformers_family(source, config, mixed or int8, torch_dtype, device, tp_size)
+        module = _transformers_family(source, config, mixed or int8 or int8_activations,
+                                      torch_dtype, device, tp_size)
     if kv_cache_dtype != "auto":
         module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
     model = EngineModel(module, config, tokenizer or None, generation_config)
@@ -274,11 +280,12 @@ def _read_weights(source, config, progress: bool):
 
 def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache_dir,
                 tp_size: int, cpu_group_timeout: float | None, block_kernels: bool,
-                keep_dense: bool):
+                keep_dense: bool, int8_activations: bool = False):
     """One of our decoder implementations (models/__init__.py's registry), sharded
     under tensor parallelism. A GGUF's projections run on its blocks in float32 on
     CPU, with no dense copy where the blocks serve every step size (unless
-    `keep_dense`: bf16-weights makes its bf16 weights from the dense ones)."""
+    `keep_dense`: bf16-weights makes its bf16 weights from the dense ones), or with
+    `int8_activations` on the blocks repacked for int8 activations."""
     from .models import build_model
     from .models.block_weights import use_blocks
     from .models.gguf_checkpoint import GGUFCheckpoint
@@ -289,13 +296,17 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache
             and device.type == "cpu":
         from .kernels import load_native_kernels
         kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
+    if int8_activations and kernels is None:
+        raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
+                         "native CPU kernels: it needs a .gguf model, device cpu, tp_size 1 "
+                         "and a C compiler (use float32 otherwise)")
     if kernels is None:
         state = weights if gguf is None else gguf.dense_state()
         if tp_size > 1:
             return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
         return build_model(config, state, dtype, device)
     return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, keep_dense)))
+        skip=use_blocks(model, gguf.blocks, kernels, keep_dense, int8_activations)))
 
 
 def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,
@@ -309,7 +320,8 @@ def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.
                          "code, which is not sharded: tensor parallelism needs one of "
                          "our families")
     if weights_only_dtype:
-        raise ValueError(f"dtypes bf16-weights and int8-weights need one of our families; model_type "
+        raise ValueError(f"dtypes bf16-weights, int8-weights and int8-activations need one "
+                         f"of our families; model_type "
                          f"{config.model_type!r} runs on transformers' modeling code "
                          "(use float32, bfloat16 or float16)")
     module = load_transformers_model(source, dtype, device)

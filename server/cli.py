@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the compute-bound matmuls and a bf16 KV cache, fp32 activations "
                         "and small decode steps: the fast CPU mode, closer to fp32 than "
                         "bfloat16) "
-                        "or int8-weights (int8 weights, bf16 activations: lowest latency for "
-                        "a few streams, least accurate)")
+                        ", int8-weights (int8 weights, bf16 activations: lowest latency for "
+                        "a few streams, least accurate) or int8-activations (a GGUF's blocks "
+                        "against int8 activations, as llama.cpp: the fastest GGUF mode on "
+                        "CPUs with AVX512-VNNI)")
     add("--kv-cache-dtype", help="auto (bf16 with bf16-weights, else fp32 on CPU), float32 "
                                  "or bfloat16")
     add("--device", help="auto, cpu, cuda or cuda:N")

@@ -60,14 +60,16 @@ static void q8_part(const void *arg, int part, int parts) {
 }
 
 /* y[r * ldy + c] for c < n: x @ W^T for W of `kind` (BLOCKS_Q4, BLOCKS_Q8,
- * BLOCKS_Q8_HALVES, BLOCKS_Q5; kernels.h; m: the minima of Q4 and Q5, else unread). 1
+ * BLOCKS_Q8_HALVES, BLOCKS_Q5, kernels.h; m: the minima of Q4 and Q5, else unread; or
+ * an int8-activation form, block_int8.c). 1
  * for K not a multiple of 32 or an unknown kind, 2 when out of memory. */
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads) {
-    if (k % BLOCK || ldy < n || (kind != BLOCKS_Q4 && kind != BLOCKS_Q8
-                                 && kind != BLOCKS_Q8_HALVES && kind != BLOCKS_Q5)) return 1;
+    if (k % BLOCK || ldy < n || kind < BLOCKS_Q4 || kind > BLOCKS_I8_U8_HALVES) return 1;
     if (rows <= 0 || n <= 0) return 0;
+    if (kind >= BLOCKS_I8_Q4)
+        return int8_block_gemm(kind, x, rows, k, q, d, m, n, y, ldy, num_threads);
 #if PANEL_KERNELS
     if (rows >= PANEL_MIN_ROWS && kind != BLOCKS_Q5) {    /* q5: row tiles at any size */
         block_panel_gemm(kind, x, rows, k, q, d, m, n, y, ldy, num_threads);

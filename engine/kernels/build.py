@@ -40,7 +40,7 @@ SOURCES = [Path(__file__).with_name(name)
                         "attention_avx2.c", "attention_bf16.c", "prefill_attention.c",
                         "bf16_gemm.c", "activations.c", "head_rescore.c", "argmax.c",
                         "layer_ops.c", "decode_layer.c", "decoder_stack.c", "worker_pool.c",
-                        "bf16_amx.c")]
+                        "bf16_amx.c", "block_int8.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
                         "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h")]

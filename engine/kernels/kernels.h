@@ -10,6 +10,12 @@
 #define BLOCKS_Q8 2
 #define BLOCKS_Q8_HALVES 3
 #define BLOCKS_Q5 4        /* codes 0..31 a byte each, a scale and a minimum per 32 */
+#define BLOCKS_I8_Q4 5     /* the int8-activation forms (block_int8.c): from Q4_1, */
+#define BLOCKS_I8_U8 6     /* from Q8_0 and Q5_1, */
+#define BLOCKS_I8_U8_HALVES 7   /* from Q8_0 halves */
+int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
+                    const float *d, const float *m, int64_t n, float *y, int64_t ldy,
+                    int num_threads);
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads);

@@ -31,11 +31,13 @@ SIGNATURES = {
 }
 
 
-BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3, "Q5_1": 4}
+BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3, "Q5_1": 4, "I8_Q4": 5, "I8_U8": 6,
+               "I8_U8_16": 7}
 """block_gemm's weight kinds (kernels.h's BLOCKS_*): Q4_1 4-bit codes with a scale and
 a minimum per 32 weights; Q8_0 int8 codes with a scale per 32; Q8_16 int8 codes with a
 scale per 16 (GGUF's Q6_K converted, models/block_formats.py); Q5_1 codes 0..31 a byte
-each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K)."""
+each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K); and the forms of
+dtype int8-activations, repacked from those (models/int8_blocks.py)."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
@@ -79,6 +81,9 @@ class NativeKernels:
             self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
         self.block_lanes = int(library.block_gemm_lanes())
         """16 (AVX-512), 8 (AVX2) or 1: the vectors of the block kernels (block_gemm.c)."""
+        self.int8_vnni = bool(library.int8_vnni())
+        """Whether the int8-activation kernels use AVX512-VNNI (block_int8.c), else
+        their portable loop."""
         entry_points = openmp_entry_points()
         if entry_points is not None:
             library.set_openmp_runtime(*entry_points)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..kernels.block_layers import gated_mlp, native_weight
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
+from .int8_blocks import int8_convertible, to_int8_form
 from .linear_base import LinearMethod
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
@@ -65,11 +66,16 @@ class BlockLinear(LinearMethod):
     `blocks` may list the parts of a fused weight in row order (q, k, v): parts of one
     kernel form are joined, and where forms differ (a Q4_K_M file's Q4_K q and k
     beside a Q6_K v) `kind` is "mixed" and each part's kernel writes its own columns
-    of the output (`parts`; `codes`, `scales`, `minima` are then None)."""
+    of the output (`parts`; `codes`, `scales`, `minima` are then None).
+
+    With `int8_activations` (int8_served must hold) the parts are repacked for the
+    int8 kernels (int8_blocks.py), which serve every step: no dense weight."""
 
     def __init__(self, linear: nn.Linear | None, weight: torch.Tensor | None,
-                 blocks: Blocks | list[Blocks], kernels) -> None:
+                 blocks: Blocks | list[Blocks], kernels, int8_activations: bool = False) -> None:
         parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
+        if int8_activations:
+            parts = [to_int8_form(part) for part in parts]
         super().__init__(parts[0].shape[1], sum(part.shape[0] for part in parts))
         self.weight = weight if weight is None or isinstance(weight, nn.Parameter) else \
             nn.Parameter(weight, requires_grad=False)
@@ -81,7 +87,7 @@ class BlockLinear(LinearMethod):
             self.register_buffer(name, None if value is None else value.contiguous(),
                                  persistent=False)
         self.parts = parts if single is None else [
-            Blocks(self.kind, self.codes, self.scales, self.minima)]
+            type(single)(self.kind, self.codes, self.scales, self.minima)]
         """The blocks in row order, one entry per kernel form (the buffers, when one)."""
         self.native_weight = native_weight(self.parts)
         """The parts as the native layer and MLP calls read them (kernels.h's
@@ -91,7 +97,7 @@ class BlockLinear(LinearMethod):
         if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
         if weight is None:
-            if not blocks_serve_every_step(parts, kernels):
+            if not (int8_activations or blocks_serve_every_step(parts, kernels)):
                 raise ValueError("these blocks need a dense weight for large steps")
             self.max_rows = sys.maxsize
         """Steps of more rows use the dense weight."""
@@ -201,6 +207,11 @@ def blocks_serve_every_step(parts: list[Blocks], kernels) -> bool:
     return kernels.block_lanes in (8, 16) and all(part.kind != "Q5_1" for part in parts)
 
 
+def int8_served(parts: list[Blocks]) -> bool:
+    """Whether the int8 kernels take these blocks (each run of one form repacks)."""
+    return all(int8_convertible(part) for part in _joined(parts))
+
+
 def kernel_rows(kernels) -> int:
     """Up to how many fp32 rows a step runs on the block kernels of this build: the
     vector builds (AVX2: 8 lanes, AVX-512: 16) have panels for large steps."""
@@ -243,7 +254,7 @@ class BlockEmbedding(nn.Module):
 
 
 def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
-               keep_dense: bool) -> set[str]:
+               keep_dense: bool, int8_activations: bool = False) -> set[str]:
     """Give `model` (built, its weights not loaded yet) BlockLinear projections (and LM
     head) wherever `blocks` (a GGUF checkpoint's, under transformers' names:
     gguf_checkpoint.py) holds every part. Unless `keep_dense` (bf16-weights makes its
@@ -253,11 +264,20 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
     `blocks` (the model holds them now; a fused projection holds its parts joined, so
     the loose parts would be a second copy). Returns the names of the weights that
     need no dense value; every other one is still to be loaded (a BlockLinear shares
-    its projection's dense parameter)."""
+    its projection's dense parameter). With `int8_activations` every projection and
+    untied head the int8 kernels take is repacked for them (a tied head keeps the
+    embedding's blocks and fp32 products: one copy of the table)."""
     served: set[str] = set()
+    if int8_activations and not kernels.int8_vnni:
+        logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 kernels "
+                       "run their portable loop, slower than float32's")
+
+    def int8(parts: list[Blocks]) -> bool:
+        return int8_activations and int8_served(parts)
 
     def blocks_only(parts: list[Blocks]) -> bool:
-        return not keep_dense and blocks_serve_every_step(_joined(parts), kernels)
+        return not keep_dense and (int8(parts)
+                                   or blocks_serve_every_step(_joined(parts), kernels))
 
     for i, layer in enumerate(model.layers):
         for name, parts in _PROJECTIONS.items():
@@ -273,7 +293,7 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
                                  f"rows for {linear.out_features} outputs")
             only = blocks_only(found)
             setattr(parent, attr, BlockLinear(linear, None if only else linear.weight, found,
-                                              kernels))
+                                              kernels, int8(found)))
             if only:       # joined parts are copies: let the checkpoint's go at once
                 served.update(names)
                 for part in names:
@@ -294,7 +314,7 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
         dense = None if isinstance(model.embed_tokens, BlockEmbedding) else model.embed_tokens.weight
         model.use_lm_head(BlockLinear(None, dense, head, kernels))
     elif blocks_only([head]):
-        model.use_lm_head(BlockLinear(None, None, head, kernels))
+        model.use_lm_head(BlockLinear(None, None, head, kernels, int8([head])))
         served.add("lm_head.weight")
     else:
         model.use_lm_head(BlockLinear(None, model.lm_head.weight, head, kernels))

@@ -110,7 +110,7 @@ def test_architectures_the_cache_cannot_serve_are_refused_at_load(model_type, ov
 
 
 def test_weights_only_dtypes_need_our_families():
-    with pytest.raises(ValueError, match="bf16-weights and int8-weights"):
+    with pytest.raises(ValueError, match="bf16-weights, int8-weights and int8-activations"):
         load_model(tiny_reference("phi3"), dtype="bf16-weights", progress=False)
 
 

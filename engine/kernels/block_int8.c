@@ -1,0 +1,236 @@
+/* Block products on int8 activations (dtype int8-activations): y[rows, n] = x @ W^T
+ * for W in GGUF-style blocks of 32, with x quantized per block of 32 to int8 (a scale
+ * per block, absmax / 127, as llama.cpp's Q8 activations) and the products summed in
+ * int32 by VNNI's `vpdpbusd` (64 byte products per instruction against fp32's 16
+ * FMAs), one fp32 conversion and scaling per block.
+ *
+ * The weights are repacked at load (int8_repack) from the forms block_rows.h reads
+ * into groups of 16 columns, lane j of a vector holding column j of the group:
+ *   I8_Q4 (from Q4_1): per block, 4 vectors of 16 dwords; dword t of lane j is the
+ *       column's code bytes 4t..4t+3, so its low nibbles are elements 4t..4t+3 and its
+ *       high ones elements 16+4t..16+4t+3.
+ *   I8_U8 (from Q8_0 with its codes + 128, or Q5_1's codes 0..31): per block, 8
+ *       vectors; dword t of lane j is elements 4t..4t+3 as unsigned bytes.
+ *   I8_U8_HALVES (from Q6_K's Q8 form, a scale per 16 weights): the same bytes.
+ * Scales and minima per block (per half block for halves), 16 lanes: [group][block]
+ * [halves][16] floats. Every form is then w = d * c + m with c unsigned (Q8: m = -128 d),
+ * so a block's product is d * dx * sum(c * xq) + m * dx * sum(xq): the second term
+ * from the quantized x's sums, which cancels the + 128 exactly.
+ *
+ * Lane j of a vector accumulates column j, so x's 4 bytes of a dword are broadcast to
+ * all lanes and no horizontal sums are needed. N is a multiple of 16 (the repacked
+ * tensors keep the shapes of the forms they came from: [N, K/2] or [N, K] codes,
+ * [N, K/32] or [N, K/16] scales and minima).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "worker_pool.h"
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define INT8_VNNI 1
+#else
+#define INT8_VNNI 0
+#endif
+
+#define BLOCK 32
+#define GROUP 16                 /* columns per group: the lanes of a 512-bit vector */
+#define INT8_ROW_TILE 8          /* activation rows sharing one pass over the weights */
+
+/* x[rows, k] quantized per block: codes [rows, k], scales [rows, k/32], and the sums
+ * scale * sum(codes) per 16 and per 32 values ([rows, k/16], [rows, k/32]). */
+typedef struct {
+    int8_t *codes;
+    float *scales, *sums16, *sums32;
+} QuantizedRows;
+
+static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows *out) {
+    const int64_t blocks = k / BLOCK;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *xb = x + r * k + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int8_t *codes = out->codes + r * k + b * BLOCK;
+            int sums[2] = {0, 0};
+            for (int i = 0; i < BLOCK; i++) {
+                codes[i] = (int8_t)lrintf(xb[i] * inverse);
+                sums[i / 16] += codes[i];
+            }
+            out->scales[r * blocks + b] = scale;
+            out->sums16[r * 2 * blocks + 2 * b] = scale * (float)sums[0];
+            out->sums16[r * 2 * blocks + 2 * b + 1] = scale * (float)sums[1];
+            out->sums32[r * blocks + b] = scale * (float)(sums[0] + sums[1]);
+        }
+}
+
+typedef struct {
+    int kind;
+    const QuantizedRows *x;
+    const uint8_t *q;
+    const float *d, *m;
+    int64_t rows, k, n;
+    float *y;
+    int64_t ldy;
+    WorkRanges *items;           /* groups of 16 columns */
+} Int8Job;
+
+#if INT8_VNNI
+/* Per row of a tile, the int32 sums of codes times x's codes over one block, for the
+ * two halves of the block (w[0..3]: elements 0-15, w[4..7]: 16-31). */
+static inline __attribute__((always_inline)) void block_sums_vnni(
+        const __m512i *w, const int32_t *xq, __m512i *low, __m512i *high) {
+    __m512i a = _mm512_setzero_si512(), c = _mm512_setzero_si512();
+    for (int t = 0; t < 4; t++) {
+        a = _mm512_dpbusd_epi32(a, w[t], _mm512_set1_epi32(xq[t]));
+        c = _mm512_dpbusd_epi32(c, w[4 + t], _mm512_set1_epi32(xq[4 + t]));
+    }
+    *low = a;
+    *high = c;
+}
+
+/* One group of 16 columns against `tile` rows (from row r0), all blocks. */
+static void group_tile_vnni(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+    const int64_t blocks = job->k / BLOCK, k = job->k;
+    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
+    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
+    const uint8_t *q = job->q + group * blocks * block_bytes;
+    const float *d = job->d + group * blocks * groups_per_block * GROUP;
+    const float *m = job->m + group * blocks * groups_per_block * GROUP;
+    const QuantizedRows *x = job->x;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    __m512 acc[INT8_ROW_TILE];
+    for (int r = 0; r < tile; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512i w[8];
+        const uint8_t *qb = q + b * block_bytes;
+        _mm_prefetch((const char *)(qb + 8 * block_bytes), _MM_HINT_T0);
+        _mm_prefetch((const char *)(qb + 8 * block_bytes + 64), _MM_HINT_T0);
+        if (nibbles) {
+            for (int t = 0; t < 4; t++) {
+                const __m512i v = _mm512_loadu_si512(qb + 64 * t);
+                w[t] = _mm512_and_si512(v, low_nibbles);
+                w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
+            }
+        } else {
+            _mm_prefetch((const char *)(qb + 8 * block_bytes + 128), _MM_HINT_T0);
+            _mm_prefetch((const char *)(qb + 8 * block_bytes + 192), _MM_HINT_T0);
+            for (int t = 0; t < 8; t++) w[t] = _mm512_loadu_si512(qb + 64 * t);
+        }
+        const float *db = d + b * groups_per_block * GROUP, *mb = m + b * groups_per_block * GROUP;
+        const __m512 d0 = _mm512_loadu_ps(db), m0 = _mm512_loadu_ps(mb);
+        for (int r = 0; r < tile; r++) {
+            const int64_t row = r0 + r;
+            __m512i low, high;
+            block_sums_vnni(w, (const int32_t *)(x->codes + row * k + b * BLOCK), &low, &high);
+            const float scale = x->scales[row * blocks + b];
+            if (halves) {
+                const __m512 d1 = _mm512_loadu_ps(db + GROUP), m1 = _mm512_loadu_ps(mb + GROUP);
+                const float *sums = x->sums16 + row * 2 * blocks + 2 * b;
+                __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low),
+                                           _mm512_mul_ps(d0, _mm512_set1_ps(scale)), acc[r]);
+                a = _mm512_fmadd_ps(m0, _mm512_set1_ps(sums[0]), a);
+                a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high),
+                                    _mm512_mul_ps(d1, _mm512_set1_ps(scale)), a);
+                acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(sums[1]), a);
+            } else {
+                const __m512 a = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(_mm512_add_epi32(low, high)),
+                    _mm512_mul_ps(d0, _mm512_set1_ps(scale)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(x->sums32[row * blocks + b]), a);
+            }
+        }
+    }
+    for (int r = 0; r < tile; r++)
+        _mm512_storeu_ps(job->y + (r0 + r) * job->ldy + group * GROUP, acc[r]);
+}
+#endif
+
+/* The portable loop: the same sums, one column at a time. */
+static void group_tile_portable(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+    const int64_t blocks = job->k / BLOCK, k = job->k;
+    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
+    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
+    for (int lane = 0; lane < GROUP; lane++)
+        for (int r = 0; r < tile; r++) {
+            const int64_t row = r0 + r;
+            float total = 0.0f;
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint8_t *qb = job->q + (group * blocks + b) * block_bytes;
+                const int8_t *xq = job->x->codes + row * k + b * BLOCK;
+                int32_t sums[2] = {0, 0};
+                for (int e = 0; e < BLOCK; e++) {
+                    const int t = (e % 16) / 4, i = e % 4;
+                    const int code = nibbles
+                        ? (qb[64 * t + 4 * lane + i] >> (e < 16 ? 0 : 4)) & 0x0F
+                        : qb[64 * (e / 4) + 4 * lane + i];
+                    sums[e / 16] += code * xq[e];
+                }
+                const float scale = job->x->scales[row * blocks + b];
+                const int64_t at = (group * blocks + b) * groups_per_block * GROUP + lane;
+                if (halves) {
+                    const float *s16 = job->x->sums16 + row * 2 * blocks + 2 * b;
+                    total += job->d[at] * scale * (float)sums[0] + job->m[at] * s16[0];
+                    total += job->d[at + GROUP] * scale * (float)sums[1]
+                             + job->m[at + GROUP] * s16[1];
+                } else {
+                    total += job->d[at] * scale * (float)(sums[0] + sums[1])
+                             + job->m[at] * job->x->sums32[row * blocks + b];
+                }
+            }
+            job->y[row * job->ldy + group * GROUP + lane] = total;
+        }
+}
+
+static void int8_part(const void *arg, int part, int parts) {
+    const Int8Job *job = arg;
+    (void)parts;
+    int64_t limit, group;
+    while ((group = work_ranges_take(job->items, part, &limit)) >= 0)
+        for (int64_t r0 = 0; r0 < job->rows; r0 += INT8_ROW_TILE) {
+            const int tile = (int)(job->rows - r0 < INT8_ROW_TILE ? job->rows - r0
+                                                                   : INT8_ROW_TILE);
+#if INT8_VNNI
+            group_tile_vnni(job, group, r0, tile);
+#else
+            group_tile_portable(job, group, r0, tile);
+#endif
+        }
+}
+
+/* block_gemm for the int8 kinds (kernels.h): 1 for N not a multiple of 16, 2 when out
+ * of memory. */
+int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
+                    const float *d, const float *m, int64_t n, float *y, int64_t ldy,
+                    int num_threads) {
+    if (n % GROUP) return 1;
+    const int64_t blocks = k / BLOCK;
+    QuantizedRows quantized = {malloc((size_t)(rows * k)),
+                               malloc(sizeof(float) * (size_t)(rows * blocks)),
+                               malloc(sizeof(float) * (size_t)(rows * blocks * 2)),
+                               malloc(sizeof(float) * (size_t)(rows * blocks))};
+    int status = 0;
+    if (!quantized.codes || !quantized.scales || !quantized.sums16 || !quantized.sums32) {
+        status = 2;
+    } else {
+        quantize_rows(x, rows, k, &quantized);
+        WorkRanges items;
+        work_ranges_init(&items, n / GROUP, num_threads);
+        Int8Job job = {kind, &quantized, q, d, m, rows, k, n, y, ldy, &items};
+        run_parallel(int8_part, &job, num_threads);
+    }
+    free(quantized.codes);
+    free(quantized.scales);
+    free(quantized.sums16);
+    free(quantized.sums32);
+    return status;
+}
+
+/* Whether this build multiplies int8 activations with VNNI (else the portable loop). */
+int int8_vnni(void) {
+    return INT8_VNNI;
+}
