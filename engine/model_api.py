@@ -287,7 +287,7 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache
     `keep_dense`: bf16-weights makes its bf16 weights from the dense ones), or with
     `int8_activations` on the blocks repacked for int8 activations."""
     from .models import build_model
-    from .models.block_weights import use_blocks
+    from .models.block_install import use_blocks
     from .models.gguf_checkpoint import GGUFCheckpoint
 
     gguf = weights if isinstance(weights, GGUFCheckpoint) else None

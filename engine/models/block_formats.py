@@ -78,6 +78,10 @@ class Blocks:
         return Blocks(self.kind, self.codes[start:stop], self.scales[start:stop],
                       None if self.minima is None else self.minima[start:stop])
 
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` [T] of the weight, [T, K] fp32 (an embedding's lookups)."""
+        return self.rows(index).dequantize()
+
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
         n = self.codes.shape[0]
@@ -103,7 +107,8 @@ def concat(parts: list[Blocks]) -> Blocks:
     joined = [_adjacent(tensors) for tensors in fields]
     if any(tensor is None for tensor in joined):
         joined = [torch.cat(tensors) for tensors in fields]
-    return Blocks(parts[0].kind, joined[0], joined[1], joined[2] if len(joined) > 2 else None)
+    return type(parts[0])(parts[0].kind, joined[0], joined[1],
+                          joined[2] if len(joined) > 2 else None)
 
 
 def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -11,16 +11,17 @@ weights, so for them BlockLinear multiplies straight from the blocks
 (engine/kernels/block_gemm.c; steps of many rows through panels of dequantized
 weights, block_panels.c, on AVX2 and AVX-512 builds), accumulating in fp32; larger steps
 are bound by arithmetic and multiply the dense weight (fp32, or bf16 in dtype
-bf16-weights), packed for oneDNN once at load (packed_linear.py).
+bf16-weights), packed for oneDNN once at load (packed_linear.py). In dtype
+int8-activations the blocks are repacked for the int8 kernels (int8_blocks.py), which
+take every step.
 
-`use_blocks` installs them on every projection (and the LM head) whose blocks the GGUF
-checkpoint holds (gguf_checkpoint.py, which reorders q/k rows as transformers' GGUF
-loader does and makes the dense weights from the same blocks).
+block_install.py installs them on every projection (and the LM head) whose blocks the
+GGUF checkpoint holds (gguf_checkpoint.py, which reorders q/k rows as transformers'
+GGUF loader does and makes the dense weights from the same blocks).
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import torch
@@ -30,11 +31,10 @@ import torch.nn.functional as F
 from ..kernels.block_layers import gated_mlp, native_weight
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
-from .int8_blocks import int8_convertible, to_int8_form
+from .int8_blocks import Int8Blocks
 from .linear_base import LinearMethod
 from .packed_linear import pack_in_place, packed_gated, packed_linear
 
-logger = logging.getLogger(__name__)
 
 MAX_KERNEL_ROWS = 12
 """Up to this many rows per step the row kernels beat the dense fp32 matmuls (the
@@ -66,16 +66,12 @@ class BlockLinear(LinearMethod):
     `blocks` may list the parts of a fused weight in row order (q, k, v): parts of one
     kernel form are joined, and where forms differ (a Q4_K_M file's Q4_K q and k
     beside a Q6_K v) `kind` is "mixed" and each part's kernel writes its own columns
-    of the output (`parts`; `codes`, `scales`, `minima` are then None).
-
-    With `int8_activations` (int8_served must hold) the parts are repacked for the
-    int8 kernels (int8_blocks.py), which serve every step: no dense weight."""
+    of the output (`parts`; `codes`, `scales`, `minima` are then None). Parts
+    repacked for int8 activations (int8_blocks.py) serve every step on their kernels."""
 
     def __init__(self, linear: nn.Linear | None, weight: torch.Tensor | None,
-                 blocks: Blocks | list[Blocks], kernels, int8_activations: bool = False) -> None:
-        parts = _joined([blocks] if isinstance(blocks, Blocks) else blocks)
-        if int8_activations:
-            parts = [to_int8_form(part) for part in parts]
+                 blocks: Blocks | list[Blocks], kernels) -> None:
+        parts = joined([blocks] if isinstance(blocks, Blocks) else blocks)
         super().__init__(parts[0].shape[1], sum(part.shape[0] for part in parts))
         self.weight = weight if weight is None or isinstance(weight, nn.Parameter) else \
             nn.Parameter(weight, requires_grad=False)
@@ -97,7 +93,7 @@ class BlockLinear(LinearMethod):
         if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
         if weight is None:
-            if not (int8_activations or blocks_serve_every_step(parts, kernels)):
+            if not blocks_serve_every_step(parts, kernels):
                 raise ValueError("these blocks need a dense weight for large steps")
             self.max_rows = sys.maxsize
         """Steps of more rows use the dense weight."""
@@ -203,13 +199,10 @@ def blocks_serve_every_step(parts: list[Blocks], kernels) -> bool:
     and AVX-512 builds; Q5_1 has no panels), so no dense copy is needed. At 512 rows
     the panels run even with oneDNN's packed fp32 matmul on AVX-512 (PANEL_KERNEL_ROWS);
     on AVX2, prefill chunks of a thousand rows are slower than dense (also
-    PANEL_KERNEL_ROWS), the price of holding 5-10 bits per weight instead of 32."""
-    return kernels.block_lanes in (8, 16) and all(part.kind != "Q5_1" for part in parts)
-
-
-def int8_served(parts: list[Blocks]) -> bool:
-    """Whether the int8 kernels take these blocks (each run of one form repacks)."""
-    return all(int8_convertible(part) for part in _joined(parts))
+    PANEL_KERNEL_ROWS), the price of holding 5-10 bits per weight instead of 32. The
+    int8 kernels take every step of their forms on any build."""
+    return all(isinstance(part, Int8Blocks)
+               or (kernels.block_lanes in (8, 16) and part.kind != "Q5_1") for part in parts)
 
 
 def kernel_rows(kernels) -> int:
@@ -218,7 +211,7 @@ def kernel_rows(kernels) -> int:
     return PANEL_KERNEL_ROWS if kernels.block_lanes in (8, 16) else MAX_KERNEL_ROWS
 
 
-def _joined(parts: list[Blocks]) -> list[Blocks]:
+def joined(parts: list[Blocks]) -> list[Blocks]:
     """Adjacent parts of one kernel form joined into one."""
     runs: list[list[Blocks]] = []
     for part in parts:
@@ -227,95 +220,3 @@ def _joined(parts: list[Blocks]) -> list[Blocks]:
         else:
             runs.append([part])
     return [run[0] if len(run) == 1 else concat(run) for run in runs]
-
-
-_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                "self_attn.o_proj": ("self_attn.o_proj",),
-                "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-                "mlp.down_proj": ("mlp.down_proj",)}
-"""Our projections -> the transformers parameters they hold, in row order."""
-FUSED_PARTS = {name: parts for name, parts in _PROJECTIONS.items() if len(parts) > 1}
-"""The projections that join several transformers parameters."""
-
-
-class BlockEmbedding(nn.Module):
-    """An embedding table kept as blocks: each step dequantizes just the rows it looks
-    up ([T] ids -> [T, hidden] fp32, the values the dense table would hold)."""
-
-    def __init__(self, blocks: Blocks) -> None:
-        super().__init__()
-        self.blocks = blocks
-        self.num_embeddings, self.embedding_dim = blocks.shape
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        flat = input_ids.reshape(-1)
-        rows = self.blocks.rows(flat).dequantize()
-        return rows.view(*input_ids.shape, self.embedding_dim)
-
-
-def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
-               keep_dense: bool, int8_activations: bool = False) -> set[str]:
-    """Give `model` (built, its weights not loaded yet) BlockLinear projections (and LM
-    head) wherever `blocks` (a GGUF checkpoint's, under transformers' names:
-    gguf_checkpoint.py) holds every part. Unless `keep_dense` (bf16-weights makes its
-    bf16 weights from the dense ones), a weight whose blocks serve every step
-    (blocks_serve_every_step) keeps no dense copy, the embedding table included
-    (BlockEmbedding), and its entries leave
-    `blocks` (the model holds them now; a fused projection holds its parts joined, so
-    the loose parts would be a second copy). Returns the names of the weights that
-    need no dense value; every other one is still to be loaded (a BlockLinear shares
-    its projection's dense parameter). With `int8_activations` every projection and
-    untied head the int8 kernels take is repacked for them (a tied head keeps the
-    embedding's blocks and fp32 products: one copy of the table)."""
-    served: set[str] = set()
-    if int8_activations and not kernels.int8_vnni:
-        logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 kernels "
-                       "run their portable loop, slower than float32's")
-
-    def int8(parts: list[Blocks]) -> bool:
-        return int8_activations and int8_served(parts)
-
-    def blocks_only(parts: list[Blocks]) -> bool:
-        return not keep_dense and (int8(parts)
-                                   or blocks_serve_every_step(_joined(parts), kernels))
-
-    for i, layer in enumerate(model.layers):
-        for name, parts in _PROJECTIONS.items():
-            parent_name, attr = name.split(".")
-            parent = getattr(layer, parent_name)
-            linear = getattr(parent, attr)
-            names = [f"model.layers.{i}.{part}.weight" for part in parts]
-            found = [blocks.get(n) for n in names]
-            if not isinstance(linear, nn.Linear) or any(b is None for b in found):
-                continue
-            if sum(b.shape[0] for b in found) != linear.out_features:
-                raise ValueError(f"layer {i} {name}: blocks of {[b.shape[0] for b in found]} "
-                                 f"rows for {linear.out_features} outputs")
-            only = blocks_only(found)
-            setattr(parent, attr, BlockLinear(linear, None if only else linear.weight, found,
-                                              kernels, int8(found)))
-            if only:       # joined parts are copies: let the checkpoint's go at once
-                served.update(names)
-                for part in names:
-                    del blocks[part]
-    for layer in model.layers:
-        if FusedBlockMLP.applies(layer.mlp):
-            layer.mlp.use_fused(FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj,
-                                              kernels, FUSED_ACTIVATIONS[layer.mlp.act_name]))
-    embedding = blocks.get("model.embed_tokens.weight")
-    if embedding is not None and blocks_only([embedding]):
-        model.embed_tokens = BlockEmbedding(embedding)
-        served.add("model.embed_tokens.weight")
-    tied = model.lm_head is None
-    head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
-    if head is None:
-        return served
-    if tied:
-        dense = None if isinstance(model.embed_tokens, BlockEmbedding) else model.embed_tokens.weight
-        model.use_lm_head(BlockLinear(None, dense, head, kernels))
-    elif blocks_only([head]):
-        model.use_lm_head(BlockLinear(None, None, head, kernels, int8([head])))
-        served.add("lm_head.weight")
-    else:
-        model.use_lm_head(BlockLinear(None, model.lm_head.weight, head, kernels))
-    return served

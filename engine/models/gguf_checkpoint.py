@@ -162,7 +162,7 @@ def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict) -> di
     """fused projection name -> [(part name, row order or None), ...] for the fused
     projections whose parts are all present, all blocks of one kernel form, and only
     reordered by the processor (else their parts are read one by one)."""
-    from .block_weights import FUSED_PARTS
+    from .block_install import FUSED_PARTS
 
     groups = {}
     for name in named:

@@ -36,7 +36,7 @@ def int8_convertible(blocks: Blocks) -> bool:
 
 def to_int8_form(blocks: Blocks) -> "Int8Blocks":
     """`blocks` repacked for the int8 kernels (a copy; int8_convertible must hold)."""
-    n, kind = blocks.codes.shape[0], blocks.kind
+    kind = blocks.kind
     codes = blocks.codes.view(torch.uint8)
     if kind in ("Q8_0", "Q8_16"):
         codes = codes ^ 0x80                   # signed q -> unsigned q + 128
@@ -56,18 +56,24 @@ class Int8Blocks(Blocks):
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32 of d * c + m: for steps the kernels do not take (another dtype
         or device, a traced step)."""
-        n, k = self.shape
-        codes = _deinterleave_codes(self.codes)
+        return self.dequantize_rows(torch.arange(self.codes.shape[0]))
+
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` [T] of the weight, [T, K] fp32 (a tied table's lookups)."""
+        groups, lanes = index // LANES, index % LANES
+        n, width = self.codes.shape
+        codes = self.codes.view(n // LANES, -1, LANES, 4)[groups, :, lanes].reshape(-1, width)
         if self.kind == "I8_Q4":
-            nibbles = codes.view(n, -1, BLOCK // 2)
+            nibbles = codes.view(codes.shape[0], -1, BLOCK // 2)
             codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
+        scales, minima = (values.view(n // LANES, -1, LANES)[groups, :, lanes]
+                          for values in (self.scales, self.minima))
         group = 16 if self.kind == "I8_U8_16" else BLOCK
-        values = codes.reshape(n, -1, group).float()
-        scales, minima = _deinterleave_scales(self.scales), _deinterleave_scales(self.minima)
-        return (scales[..., None] * values + minima[..., None]).reshape(n, k)
+        values = codes.reshape(codes.shape[0], -1, group).float()
+        return (scales[..., None] * values + minima[..., None]).reshape(codes.shape[0], -1)
 
     def rows(self, index: torch.Tensor) -> Blocks:
-        raise TypeError("int8-activation blocks are kept in column groups, not rows")
+        raise TypeError("int8-activation blocks are kept in column groups: use dequantize_rows")
 
     def row_range(self, start: int, stop: int) -> Blocks:
         raise TypeError("int8-activation blocks are kept in column groups, not rows")
@@ -80,18 +86,7 @@ def _interleave_codes(codes: torch.Tensor) -> torch.Tensor:
     return dwords.permute(0, 2, 1, 3).contiguous().view(n, width)
 
 
-def _deinterleave_codes(codes: torch.Tensor) -> torch.Tensor:
-    n, width = codes.shape
-    dwords = codes.view(n // LANES, -1, LANES, 4)         # [G, block dwords, lane, 4]
-    return dwords.permute(0, 2, 1, 3).contiguous().view(n, width)
-
-
 def _interleave_scales(values: torch.Tensor) -> torch.Tensor:
     """[N, groups] fp32 -> [N/16, groups, 16] (lane j: column j of the group), as [N, groups]."""
     n, width = values.shape
     return values.reshape(n // LANES, LANES, width).transpose(1, 2).contiguous().view(n, width)
-
-
-def _deinterleave_scales(values: torch.Tensor) -> torch.Tensor:
-    n, width = values.shape
-    return values.view(n // LANES, width, LANES).transpose(1, 2).contiguous().view(n, width)

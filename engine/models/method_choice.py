@@ -4,7 +4,7 @@ models takes, chosen at load, and the one table the load log shows of it.
 The choice follows the checkpoint and the dtype, in this order:
 
     1. a GGUF checkpoint with the block kernels: its projections and head become
-       BlockLinear before any weight is loaded (block_weights.use_blocks, run from
+       BlockLinear before any weight is loaded (block_install.use_blocks, run from
        build_model's `prepare`, so weights the blocks serve are never made dense)
     2. dtype bf16-weights / int8-weights: Bf16WeightLinear or Int8WeightLinear, and
        their LM heads (mixed_precision.py)

@@ -62,6 +62,8 @@ def test_repacked_blocks_hold_the_same_weights(kind):
     assert repacked.codes.shape == blocks.codes.shape
     assert repacked.shape == blocks.shape
     assert torch.allclose(repacked.dequantize(), blocks.dequantize(), rtol=1e-6, atol=1e-7)
+    index = torch.tensor([47, 0, 16, 17, 0])              # a tied table's lookups
+    assert torch.equal(repacked.dequantize_rows(index), repacked.dequantize()[index])
 
 
 @needs_kernels
@@ -96,7 +98,7 @@ def int8_model(mixed_path):  # noqa: F811
 
 
 @needs_kernels
-def test_every_projection_is_repacked_and_keeps_no_dense_copy(int8_model):
+def test_every_projection_is_repacked_and_keeps_no_dense_copy(int8_model, mixed_path):  # noqa: F811
     module = int8_model.module
     projections = [m for layer in module.layers for m in layer.modules()
                    if isinstance(m, BlockLinear)]
@@ -105,7 +107,11 @@ def test_every_projection_is_repacked_and_keeps_no_dense_copy(int8_model):
     assert {part.kind for p in projections for part in p.parts} == {"I8_Q4", "I8_U8"}
     qkv = module.layers[0].self_attn.qkv_proj
     assert [part.kind for part in qkv.parts] == ["I8_Q4", "I8_U8"]   # Q4_1 q, k; Q8_0 v
-    assert module.lm_head.kind == "Q8_0"       # tied: the embedding's blocks, fp32 products
+    assert module.lm_head.kind == "I8_U8"      # tied: the table repacked once, for both
+    assert module.embed_tokens.blocks.codes.data_ptr() == module.lm_head.codes.data_ptr()
+    exact = load_model(str(mixed_path), progress=False).module
+    ids = torch.tensor([[3, 700, 49151]])
+    assert torch.equal(module.embed_tokens(ids), exact.embed_tokens(ids))
 
 
 @needs_kernels
