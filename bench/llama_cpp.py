@@ -9,7 +9,10 @@ of `make test`: about 15 minutes on 2 cores, once; later calls return the built 
         $(python -m bench.llama_cpp) -m model.gguf --port 8041 -np 8 -c 8192 -t 2
 
 Needs cmake, ninja and a C++ compiler. The build is native (`GGML_NATIVE`): the
-binary uses this CPU's vector extensions, as kvserve's kernels do.
+binary uses this CPU's vector extensions, as kvserve's kernels do. `--no-amx` builds
+without AMX tiles (in `build-no-amx/`), for hosts whose CPU lists AMX but whose
+virtual machine faults on the tile instructions (llama.cpp then crashes in its first
+matrix product).
 """
 
 from __future__ import annotations
@@ -44,23 +47,28 @@ def _sdist_url(version: str) -> str:
 TOOLS = ("llama-server", "llama-quantize")
 
 
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+"""Explicit -mno flags win over what -march=native turns on, in either order."""
+
+
 def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2,
-                 tool: str = "llama-server") -> Path:
+                 tool: str = "llama-server", amx: bool = True) -> Path:
     """The path of `tool` (one of TOOLS) from llama-cpp-python `version`'s sources,
-    built on first use."""
+    built on first use (without AMX tiles unless `amx`)."""
     target = build_root() / version
-    binary = target / "build" / "bin" / tool
+    build = target / ("build" if amx else "build-no-amx")
+    binary = build / "bin" / tool
     if binary.is_file():
         return binary
     target.mkdir(parents=True, exist_ok=True)
     if not any(target.glob("llama_cpp_python-*")):
         _download(version, target)
     sources = next(target.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    build = target / "build"
+    flags = [] if amx else [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
     subprocess.run(["cmake", "-S", str(sources), "-B", str(build), "-G", "Ninja",
                     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], check=True)
+                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", *flags], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)],
                    check=True)
     return binary
@@ -81,8 +89,9 @@ def main(argv=None) -> None:
     parser.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-python version")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tool", choices=TOOLS, default="llama-server")
+    parser.add_argument("--no-amx", action="store_true", help="build without AMX tiles")
     args = parser.parse_args(argv)
-    print(llama_server(args.version, args.jobs, args.tool))
+    print(llama_server(args.version, args.jobs, args.tool, amx=not args.no_amx))
 
 
 if __name__ == "__main__":

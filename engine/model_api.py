@@ -4,6 +4,7 @@ transformers' API (`generate_batch`, `init_continuous_batching`,
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -231,7 +232,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                    else parse_dtype(dtype))
     device = torch.device(device)
     started = time.perf_counter()
-    generation_config = None
+    generation_config, tokenizer_loading = None, None
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
         config, source = spec.config, spec
     else:
@@ -240,15 +241,20 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         config = read_config(model_dir)
         source = gguf_source(str(spec), cache) or model_dir
         generation_config = _generation_config_from(model_dir, config)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(model_dir)
+        if tokenizer is None:       # importing transformers for it: beside the weights
+            tokenizer_loading = _in_background(load_tokenizer, model_dir)
     check_quantization(config)
     if dtype == "auto":
         torch_dtype = auto_dtype(config, device)
     single_cpu = device.type == "cpu" and tp_size == 1
     if has_own_code(config):
-        module = _own_family(_read_weights(source, config, progress), config, torch_dtype,
-                             device, cache_dir, tp_size, cpu_group_timeout, block_kernels,
+        kernels = _block_kernels(source, block_kernels, torch_dtype, device, tp_size, cache_dir)
+        if int8_activations and kernels is None:
+            raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
+                             "native CPU kernels: it needs a .gguf model, device cpu, tp_size "
+                             "1 and a C compiler (use float32 otherwise)")
+        module = _own_family(_read_weights(source, config, progress, kernels, int8_activations),
+                             config, torch_dtype, device, tp_size, cpu_group_timeout, kernels,
                              keep_dense=mixed, int8_activations=int8_activations)
         choose_linear_methods(module, dtype, pack=single_cpu)
         if single_cpu:
@@ -258,6 +264,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                                       torch_dtype, device, tp_size)
     if kv_cache_dtype != "auto":
         module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+    if tokenizer_loading is not None:
+        tokenizer = tokenizer_loading.result()
     model = EngineModel(module, config, tokenizer or None, generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
@@ -265,42 +273,58 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     return model
 
 
-def _read_weights(source, config, progress: bool):
+def _in_background(function, *args) -> concurrent.futures.Future:
+    """function(*args) on a thread of its own. Loading a tokenizer is mostly importing
+    transformers (Python, holding the interpreter lock), while reading a GGUF's blocks
+    runs in native code that releases it: side by side they take the longer one's
+    time, not the sum (docs/benchmarks.md, Start-up and real-size models)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvserve-load")
+    future = pool.submit(function, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _block_kernels(source, wanted: bool, dtype: torch.dtype, device: torch.device,
+                   tp_size: int, cache_dir):
+    """The native kernels that serve a GGUF file's blocks (float32 on one CPU process),
+    else None."""
+    if not (wanted and isinstance(source, Path) and source.suffix == ".gguf" and tp_size == 1
+            and dtype == torch.float32 and device.type == "cpu"):
+        return None
+    from .kernels import load_native_kernels
+
+    return load_native_kernels(Path(cache_dir) if cache_dir else None)
+
+
+def _read_weights(source, config, progress: bool, kernels, int8_activations: bool):
     """The dense state dict (transformers' names) of a model instance or directory,
-    or the GGUFCheckpoint of a GGUF file (read in place)."""
+    or the GGUFCheckpoint of a GGUF file (read in place; its blocks parsed by the
+    native `kernels` where given, for int8 activations or not)."""
     from .loading import read_state_dict
-    from .models.gguf_checkpoint import read_gguf_checkpoint
+    from .models.gguf_checkpoint import BlockParsing, read_gguf_checkpoint
 
     if isinstance(source, torch.nn.Module):
         return source.state_dict()
     if source.suffix == ".gguf":
-        return read_gguf_checkpoint(source, config)
+        return read_gguf_checkpoint(source, config, BlockParsing(kernels, int8_activations))
     return read_state_dict(source, progress)
 
 
-def _own_family(weights, config, dtype: torch.dtype, device: torch.device, cache_dir,
-                tp_size: int, cpu_group_timeout: float | None, block_kernels: bool,
-                keep_dense: bool, int8_activations: bool = False):
+def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_size: int,
+                cpu_group_timeout: float | None, kernels, keep_dense: bool,
+                int8_activations: bool):
     """One of our decoder implementations (models/__init__.py's registry), sharded
     under tensor parallelism. A GGUF's projections run on its blocks in float32 on
     CPU, with no dense copy where the blocks serve every step size (unless
     `keep_dense`: bf16-weights makes its bf16 weights from the dense ones), or with
-    `int8_activations` on the blocks repacked for int8 activations."""
+    `int8_activations` on the blocks repacked for int8 activations. `kernels`: the
+    native kernels that serve a GGUF's blocks (_block_kernels), or None."""
     from .models import build_model
     from .models.block_install import use_blocks
     from .models.gguf_checkpoint import GGUFCheckpoint
 
     gguf = weights if isinstance(weights, GGUFCheckpoint) else None
-    kernels = None
-    if gguf is not None and block_kernels and tp_size == 1 and dtype == torch.float32 \
-            and device.type == "cpu":
-        from .kernels import load_native_kernels
-        kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    if int8_activations and kernels is None:
-        raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
-                         "native CPU kernels: it needs a .gguf model, device cpu, tp_size 1 "
-                         "and a C compiler (use float32 otherwise)")
-    if kernels is None:
+    if gguf is None or kernels is None:
         state = weights if gguf is None else gguf.dense_state()
         if tp_size > 1:
             return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)

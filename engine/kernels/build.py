@@ -1,5 +1,7 @@
 """Build and load the engine's native CPU kernels (their Python front is native.py):
-matrix products on GGUF weight blocks (block_gemm.c, block_mlp.c, block_panels.c),
+matrix products on GGUF weight blocks (block_gemm.c, block_mlp.c, block_panels.c; on
+int8 activations, block_int8.c) and the parsing of a file's rows into them
+(block_parse.c),
 decode attention over the paged cache (paged_attention.c, attention_vectors.c,
 attention_avx2.c) and of prefill chunks (prefill_attention.c; a mixed step's chunk
 rows found by step_runs.c), a decoder
@@ -40,7 +42,7 @@ SOURCES = [Path(__file__).with_name(name)
                         "attention_avx2.c", "attention_bf16.c", "prefill_attention.c",
                         "bf16_gemm.c", "activations.c", "head_rescore.c", "argmax.c",
                         "layer_ops.c", "decode_layer.c", "decoder_stack.c", "worker_pool.c",
-                        "bf16_amx.c", "block_int8.c")]
+                        "bf16_amx.c", "block_int8.c", "block_parse.c")]
 HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
                         "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h")]

@@ -28,6 +28,7 @@ SIGNATURES = {
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i", "bf16_amx_enable": "i",
     "bf16_decoder_stack": "psppspsi", "block_decoder_stack": "psppspsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
+    "parse_gguf_rows": "ipssspispppi",
 }
 
 
@@ -38,6 +39,10 @@ a minimum per 32 weights; Q8_0 int8 codes with a scale per 32; Q8_16 int8 codes 
 scale per 16 (GGUF's Q6_K converted, models/block_formats.py); Q5_1 codes 0..31 a byte
 each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K); and the forms of
 dtype int8-activations, repacked from those (models/int8_blocks.py)."""
+
+GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q5_0": 3, "Q5_1": 4, "Q8_0": 5, "Q4_K": 6, "Q5_K": 7,
+              "Q6_K": 8}
+"""The GGUF types parse_gguf reads (block_parse.c's GGUF_*)."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
@@ -106,6 +111,21 @@ class NativeKernels:
         if status:
             raise RuntimeError(f"{kind} kernel failed ({status}) for K={in_features}")
         return y
+
+    def parse_gguf(self, kind: str, raw: torch.Tensor, out, start: int,
+                   order: torch.Tensor | None) -> None:
+        """GGUF bytes raw [N, row bytes] uint8 of type `kind` (GGUF_TYPES) into rows
+        [start, start + N) of `out` (models/block_formats.py's Blocks or int8_blocks.py's
+        Int8Blocks, contiguous), row i from raw's row order[i] (int64) when given:
+        block_formats.parse_blocks's values, in one pass (block_parse.c)."""
+        rows, row_bytes = raw.shape
+        status = self._library.parse_gguf_rows(
+            GGUF_TYPES[kind], raw.data_ptr(), rows, out.shape[1], row_bytes,
+            None if order is None else order.data_ptr(), BLOCK_KINDS[out.kind], start,
+            out.codes.data_ptr(), out.scales.data_ptr(),
+            None if out.minima is None else out.minima.data_ptr(), self.num_threads)
+        if status:
+            raise ValueError(f"cannot parse {kind} rows into {out.kind} at row {start}")
 
     def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
                   out_dtype: torch.dtype, gated_inter: int = 0,

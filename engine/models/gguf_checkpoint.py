@@ -10,7 +10,9 @@ processor (llama.cpp stores Llama's q and k rows permuted for its RoPE layout, G
 norms as 1 + weight). Then:
 
 - tensors of a type the block kernels read (block_formats.py) become `Blocks`, with
-  the processor's row order applied to the blocks' rows; a dense value is made only
+  the processor's row order applied to the blocks' rows (parsed in one pass by the
+  native parser where the kernels are built, block_parse.c, else by torch's ops; for
+  dtype int8-activations straight into its forms, int8_blocks.py); a dense value is made only
   for a weight the model needs dense (`dense_state`): the blocks dequantized, which
   equal gguf-py's dequantization bit for bit (block_formats.py);
 - every other tensor (F32 norms, F16 or BF16 weights, K types the kernels do not
@@ -34,6 +36,7 @@ import torch
 from ..loading import return_freed_memory
 from .block_formats import FORM_OF, Blocks, empty_blocks, parse_blocks, parse_blocks_into
 from .gguf_tensors import GGUFTensor, read_gguf_file
+from .int8_blocks import LANES, empty_int8_blocks
 
 
 @dataclass
@@ -54,6 +57,29 @@ class GGUFCheckpoint:
             if name not in skip:
                 state[name] = blocks.dequantize().reshape(self.shapes[name])
         return state
+
+
+@dataclass(frozen=True)
+class BlockParsing:
+    """How a checkpoint's blocks are parsed: by the native parser of `kernels` (else
+    torch's ops), into the int8-activation forms where `int8_activations` (the
+    kernels must be given) and the rows come in whole groups of 16."""
+    kernels: Any = None
+    int8_activations: bool = False
+
+    def empty(self, kind: str, row_counts: list[int], row_length: int) -> Blocks:
+        """Unwritten blocks for parts of `row_counts` rows of GGUF type `kind`."""
+        rows = sum(row_counts)
+        if self.int8_activations and all(count % LANES == 0 for count in row_counts):
+            return empty_int8_blocks(FORM_OF[kind], rows, row_length)
+        return empty_blocks(FORM_OF[kind], rows, row_length)
+
+    def parse_into(self, kind: str, raw: torch.Tensor, out: Blocks, start: int,
+                   order: torch.Tensor | None) -> None:
+        if self.kernels is not None:
+            self.kernels.parse_gguf(kind, raw, out, start, order)
+        else:
+            parse_blocks_into(kind, raw, out, start, order)
 
 
 def _processing(architecture: str, config: Any):
@@ -130,7 +156,8 @@ def _dequantized(processor, tensor: GGUFTensor, mapping: dict) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32))     # a copy: the file is read-only
 
 
-def read_gguf_checkpoint(path: Path, config: Any) -> GGUFCheckpoint:
+def read_gguf_checkpoint(path: Path, config: Any,
+                         parsing: BlockParsing = BlockParsing()) -> GGUFCheckpoint:
     """The weights of `path` for a model of `config` (the config the file's metadata
     gives). Tensors the model has no parameter for are skipped, as transformers skips
     them. The parts of a fused projection (q, k, v; gate, up) of one kernel form are
@@ -141,12 +168,12 @@ def read_gguf_checkpoint(path: Path, config: Any) -> GGUFCheckpoint:
     checkpoint = GGUFCheckpoint({})
     joined = _joined_groups(named, processor, mapping)
     for parts in joined.values():
-        _read_joined(checkpoint, parts, named)
+        _read_joined(checkpoint, parts, named, parsing)
         for name, _ in parts:
             _done_with(gguf_file, named[name])
     for name, tensor in named.items():
         if name not in checkpoint.blocks:
-            _read_tensor(checkpoint, name, tensor, processor, mapping)
+            _read_tensor(checkpoint, name, tensor, processor, mapping, parsing)
             _done_with(gguf_file, tensor)
     return_freed_memory()
     return checkpoint
@@ -185,13 +212,13 @@ def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict) -> di
     return groups
 
 
-def _read_joined(checkpoint: GGUFCheckpoint, parts: list, named: dict) -> None:
+def _read_joined(checkpoint: GGUFCheckpoint, parts: list, named: dict,
+                 parsing: BlockParsing) -> None:
     tensors = [named[name] for name, _ in parts]
-    form = FORM_OF[tensors[0].kind]
-    out = empty_blocks(form, sum(t.shape[0] for t in tensors), tensors[0].shape[1])
+    out = parsing.empty(tensors[0].kind, [t.shape[0] for t in tensors], tensors[0].shape[1])
     start = 0
     for (name, order), tensor in zip(parts, tensors):
-        parse_blocks_into(tensor.kind, _mapped(tensor), out, start, order)
+        parsing.parse_into(tensor.kind, _mapped(tensor), out, start, order)
         checkpoint.blocks[name] = out.row_range(start, start + tensor.shape[0])
         checkpoint.shapes[name] = tensor.shape
         start += tensor.shape[0]
@@ -206,14 +233,18 @@ def _mapped(tensor: GGUFTensor) -> torch.Tensor:
 
 
 def _read_tensor(checkpoint: GGUFCheckpoint, name: str, tensor: GGUFTensor, processor,
-                 mapping: dict) -> None:
+                 mapping: dict, parsing: BlockParsing) -> None:
     order = _row_order(processor, tensor, mapping) if tensor.kind is not None else None
     if order is None:
         checkpoint.dense[name] = _dequantized(processor, tensor, mapping)
         return
-    blocks = _parsed_in_place(tensor)
-    if not torch.equal(order, torch.arange(order.shape[0])):
-        blocks = blocks.rows(order)
+    reordered = not torch.equal(order, torch.arange(order.shape[0]))
+    if parsing.kernels is not None:
+        blocks = parsing.empty(tensor.kind, [tensor.shape[0]], tensor.shape[1])
+        parsing.parse_into(tensor.kind, _mapped(tensor), blocks, 0, order if reordered else None)
+    else:
+        blocks = _parsed_in_place(tensor)
+        blocks = blocks.rows(order) if reordered else blocks
     checkpoint.blocks[name] = blocks
     checkpoint.shapes[name] = tensor.shape
 

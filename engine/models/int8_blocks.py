@@ -75,8 +75,23 @@ class Int8Blocks(Blocks):
     def rows(self, index: torch.Tensor) -> Blocks:
         raise TypeError("int8-activation blocks are kept in column groups: use dequantize_rows")
 
-    def row_range(self, start: int, stop: int) -> Blocks:
-        raise TypeError("int8-activation blocks are kept in column groups, not rows")
+    def row_range(self, start: int, stop: int) -> "Int8Blocks":
+        """Rows [start, stop), both multiples of 16: views of whole groups."""
+        if start % LANES or stop % LANES:
+            raise ValueError(f"rows [{start}, {stop}) cut a group of {LANES} columns")
+        return Int8Blocks(self.kind, self.codes[start:stop], self.scales[start:stop],
+                          self.minima[start:stop])
+
+
+def empty_int8_blocks(form: str, rows: int, row_length: int) -> Int8Blocks:
+    """Int8Blocks repacked from kernel form `form` (INT8_FORM_OF), for `rows` rows (a
+    multiple of 16) of `row_length` weights, not yet written (the native parser fills
+    them)."""
+    group = 16 if form == "Q8_16" else BLOCK
+    width = row_length // 2 if form == "Q4_1" else row_length
+    return Int8Blocks(INT8_FORM_OF[form], torch.empty(rows, width, dtype=torch.uint8),
+                      torch.empty(rows, row_length // group),
+                      torch.empty(rows, row_length // group))
 
 
 def _interleave_codes(codes: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,196 @@
+/* GGUF rows parsed into the block kernels' forms in one pass (models/block_formats.py
+ * documents the forms and gives the same values with torch ops, the reference the
+ * tests hold this to; block_int8.c documents the int8-activation forms).
+ *
+ * Each 32-weight block of a row is decoded into its form's code bytes (16 nibble
+ * bytes for Q4_1, 32 bytes for the others) with its scale and minimum (two of each
+ * for Q8_16, whose scales cover 16 weights), then written where the destination form
+ * keeps it: rows one after another for the fp32 forms, column groups of 16 for the
+ * int8 forms. Every product is the one block_formats.py forms (fp32, same operands),
+ * so the values are equal bit for bit. Rows are shared between threads.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "worker_pool.h"
+
+#define BLOCK 32
+#define GROUP 16
+
+/* GGUF types (models/block_formats.py's BYTES_PER_BLOCK, native.py's GGUF_TYPES). */
+enum { GGUF_Q4_0 = 1, GGUF_Q4_1, GGUF_Q5_0, GGUF_Q5_1, GGUF_Q8_0, GGUF_Q4_K, GGUF_Q5_K,
+       GGUF_Q6_K };
+
+typedef struct {
+    uint8_t bytes[BLOCK];        /* Q4_1 form: 16 bytes, element j low, j + 16 high */
+    float d[2], m[2];            /* [1]: Q8_16's second 16 weights */
+} Decoded;
+
+static float fp16_value(const uint8_t *at) {
+    const uint16_t h = (uint16_t)(at[0] | at[1] << 8);
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F,
+                   mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | mantissa << 13;
+    } else if (exponent != 0) {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {                                     /* subnormal: normalize */
+        int shift = 0;
+        uint32_t value = mantissa;
+        while (!(value & 0x400)) {
+            value <<= 1;
+            shift++;
+        }
+        bits = sign | (uint32_t)(113 - shift) << 23 | (value & 0x3FF) << 13;
+    }
+    float result;
+    memcpy(&result, &bits, sizeof result);
+    return result;
+}
+
+/* Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (0..7) from 12 bytes. */
+static void k_scale_min(const uint8_t *packed, int j, int *scale, int *minimum) {
+    if (j < 4) {
+        *scale = packed[j] & 63;
+        *minimum = packed[j + 4] & 63;
+    } else {
+        *scale = (packed[j + 4] & 15) | ((packed[j - 4] >> 6) << 4);
+        *minimum = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+    }
+}
+
+/* Block b of a row (`row`: the row's GGUF bytes) decoded into its form. */
+static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) {
+    if (type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q8_0 || type == GGUF_Q5_0
+        || type == GGUF_Q5_1) {
+        static const int bytes_of[] = {0, 18, 20, 22, 24, 34};
+        const uint8_t *block = row + b * bytes_of[type];
+        out->d[0] = fp16_value(block);
+        if (type == GGUF_Q4_0) {
+            memcpy(out->bytes, block + 2, 16);
+            out->m[0] = out->d[0] * -8.0f;
+        } else if (type == GGUF_Q4_1) {
+            out->m[0] = fp16_value(block + 2);
+            memcpy(out->bytes, block + 4, 16);
+        } else if (type == GGUF_Q8_0) {
+            memcpy(out->bytes, block + 2, 32);
+        } else {                                 /* Q5_0 (signed, q - 16), Q5_1 (0..31) */
+            const int offset = type == GGUF_Q5_0 ? 2 : 4;
+            uint32_t high;
+            memcpy(&high, block + offset, 4);
+            if (type == GGUF_Q5_1) out->m[0] = fp16_value(block + 2);
+            for (int j = 0; j < BLOCK; j++) {
+                const int nibble = (block[offset + 4 + j % 16] >> (j < 16 ? 0 : 4)) & 15;
+                const int code = nibble | (int)((high >> j) & 1) << 4;
+                out->bytes[j] = (uint8_t)(type == GGUF_Q5_0 ? code - 16 : code);
+            }
+        }
+        return;
+    }
+    const int64_t super = b / 8, sub = b % 8;    /* K types: 256 weights, 8 blocks of 32 */
+    if (type == GGUF_Q6_K) {
+        const uint8_t *block = row + super * 210, *low = block, *high = block + 128;
+        const int8_t *scales = (const int8_t *)(block + 192);
+        const float d = fp16_value(block + 208);
+        for (int j = 0; j < BLOCK; j++) {
+            const int e = (int)sub * BLOCK + j, half = e / 128, r = e % 128;
+            const int code = ((low[64 * half + r % 64] >> (4 * (r / 64))) & 15)
+                             | ((high[32 * half + r % 32] >> (2 * (r / 32))) & 3) << 4;
+            out->bytes[j] = (uint8_t)(code - 32);
+        }
+        out->d[0] = d * (float)scales[2 * sub];
+        out->d[1] = d * (float)scales[2 * sub + 1];
+        return;
+    }
+    const int q5 = type == GGUF_Q5_K;
+    const uint8_t *block = row + super * (q5 ? 176 : 144);
+    const uint8_t *codes = block + (q5 ? 48 : 16) + 32 * (sub / 2);
+    int scale, minimum;
+    k_scale_min(block + 4, (int)sub, &scale, &minimum);
+    out->d[0] = fp16_value(block) * (float)scale;
+    out->m[0] = -(fp16_value(block + 2) * (float)minimum);
+    const int shift = 4 * (int)(sub % 2);
+    if (!q5) {                                   /* Q4_1 form: element j | element j + 16 */
+        for (int j = 0; j < 16; j++)
+            out->bytes[j] = (uint8_t)(((codes[j] >> shift) & 15)
+                                      | ((codes[j + 16] >> shift) & 15) << 4);
+        return;
+    }
+    for (int j = 0; j < BLOCK; j++)              /* fifth bit of sub-block s: bit s */
+        out->bytes[j] = (uint8_t)(((codes[j] >> shift) & 15)
+                                  | ((block[16 + j] >> sub) & 1) << 4);
+}
+
+typedef struct {
+    int type, form;
+    const uint8_t *raw;
+    int64_t n, k, row_bytes, start;
+    const int64_t *order;
+    uint8_t *codes;
+    float *d, *m;
+    WorkRanges *items;           /* rows */
+} ParseJob;
+
+/* Decoded block b of destination row `row` written where `form` keeps it. */
+static void store_block(const ParseJob *job, int64_t row, int64_t b, Decoded *block) {
+    const int64_t blocks = job->k / BLOCK;
+    const int nibbles = job->form == BLOCKS_Q4 || job->form == BLOCKS_I8_Q4;
+    const int halves = job->form == BLOCKS_Q8_HALVES || job->form == BLOCKS_I8_U8_HALVES;
+    const int width = nibbles ? 16 : 32, per_block = halves ? 2 : 1;
+    if (job->form < BLOCKS_I8_Q4) {
+        memcpy(job->codes + (row * blocks + b) * width, block->bytes, (size_t)width);
+        for (int h = 0; h < per_block; h++) {
+            job->d[(row * blocks + b) * per_block + h] = block->d[h];
+            if (job->m) job->m[(row * blocks + b) * per_block + h] = block->m[h];
+        }
+        return;
+    }
+    const int signed_codes = job->type == GGUF_Q8_0 || job->type == GGUF_Q5_0
+                             || job->type == GGUF_Q6_K;
+    const int64_t group = row / GROUP, lane = row % GROUP;
+    uint8_t *out = job->codes + (group * blocks + b) * GROUP * width;
+    for (int t = 0; t < width / 4; t++)
+        for (int i = 0; i < 4; i++)
+            out[(t * GROUP + lane) * 4 + i] =
+                (uint8_t)(signed_codes ? block->bytes[4 * t + i] ^ 0x80 : block->bytes[4 * t + i]);
+    for (int h = 0; h < per_block; h++) {
+        const int64_t at = ((group * blocks + b) * per_block + h) * GROUP + lane;
+        job->d[at] = block->d[h];
+        job->m[at] = signed_codes ? -128.0f * block->d[h] : block->m[h];
+    }
+}
+
+static void parse_part(const void *arg, int part, int parts) {
+    const ParseJob *job = arg;
+    (void)parts;
+    int64_t limit, i;
+    Decoded block = {{0}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    while ((i = work_ranges_take(job->items, part, &limit)) >= 0) {
+        const uint8_t *row = job->raw + (job->order ? job->order[i] : i) * job->row_bytes;
+        for (int64_t b = 0; b < job->k / BLOCK; b++) {
+            decode_block(job->type, row, b, &block);
+            store_block(job, job->start + i, b, &block);
+        }
+    }
+}
+
+/* GGUF rows raw [n, row_bytes] of `type` (row i of the output: raw's row order[i], or
+ * i) into rows [start, start + n) of a weight of kind `form` (kernels.h's BLOCKS_*;
+ * the int8 forms need start and n in whole groups of 16). 1 for a bad argument. */
+int parse_gguf_rows(int type, const uint8_t *raw, int64_t n, int64_t k, int64_t row_bytes,
+                    const int64_t *order, int form, int64_t start, void *codes, float *d,
+                    float *m, int num_threads) {
+    if (type < GGUF_Q4_0 || type > GGUF_Q6_K || form < BLOCKS_Q4 || form > BLOCKS_I8_U8_HALVES
+        || k % 256 * (type >= GGUF_Q4_K) || k % BLOCK
+        || (form >= BLOCKS_I8_Q4 && (start % GROUP || n % GROUP)))
+        return 1;
+    WorkRanges items;
+    work_ranges_init(&items, n, num_threads);
+    ParseJob job = {type, form, raw, n, k, row_bytes, start, order, codes, d, m, &items};
+    run_parallel(parse_part, &job, num_threads);
+    return 0;
+}
