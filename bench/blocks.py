@@ -2,13 +2,15 @@
 (`BlockLinear`, the LM head's too when it has blocks), for steps of R rows.
 
     python -m bench.blocks --rows 1,4,8,16,32 --json blocks.json
+    python -m bench.blocks --model MODEL.gguf --dtype int8-activations --rows 1,8,32
 
 For each row count it times one pass over all of them, as a decode step makes it
 (the weights stream from memory: a model's blocks far exceed the CPU's caches), and
 reports the GFLOP/s and the block bytes read per second, beside this machine's copy
 bandwidth measured in the same run. Steps past a projection's `max_rows` would use
 its dense weight when serving; here they still take the blocks, to show where the
-kernels stop paying. Run it from two checkouts, alternating, to compare kernel
+kernels stop paying. `--dtype int8-activations` times the int8 kernels on the same
+blocks repacked (each call quantizes its rows, as serving does). Run it from two checkouts, alternating, to compare kernel
 versions side by side.
 """
 
@@ -51,9 +53,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rows", default="1,4,8,16", help="comma-separated row counts")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "int8-activations"))
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    model = load_model(args.model, dtype="float32", progress=False)
+    model = load_model(args.model, dtype=args.dtype, progress=False)
     layers = [m for m in model.module.modules() if isinstance(m, BlockLinear)]
     if not layers:
         raise SystemExit(f"{args.model} has no projections on blocks here "
@@ -70,7 +73,7 @@ def main(argv=None) -> dict:
         print(f"rows {rows:4d}  {seconds * 1e3:8.2f} ms  {rows_out[-1]['gflops']:6.1f} GFLOP/s  "
               f"blocks {total_bytes / 1e6:6.1f} MB at {total_bytes / seconds / 1e9:5.1f} GB/s "
               f"(copy bandwidth {bandwidth:.1f} GB/s)")
-    report = {"model": args.model, "projections": len(layers),
+    report = {"model": args.model, "dtype": args.dtype, "projections": len(layers),
               "kinds": sorted({part.kind for layer in layers for part in layer.parts}),
               "block_mb": round(total_bytes / 1e6, 2), "max_rows": layers[0].max_rows,
               "copy_bandwidth_gbs": bandwidth, "passes": rows_out}
