@@ -6,6 +6,7 @@ models share).
     python -m bench.random_gguf /tmp/smollm2-1.7b-q4_0.gguf              # ~1 GB, ~2 min
     python -m bench.random_gguf /tmp/small.gguf --layers 4 --hidden 256 \\
         --intermediate 512 --heads 4 --kv-heads 2
+    python -m bench.random_gguf /tmp/smollm2-1.7b-q4_k_m.gguf --quantize Q4_K_M
 
 The default shapes are SmolLM2-1.7B's (a Llama: 24 layers, hidden 2048, 32 query and
 32 KV heads of 64, MLP 8192, vocabulary 49152, tied embeddings). Projections are
@@ -13,12 +14,18 @@ written as `--kind` (gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0; Q4_0 is 
 common 4.5-bit type, what a Q4_K_M file holds in spirit), the embedding table as
 `--embedding-kind` (Q8_0), norms as F32. Weights are normal with standard deviation
 0.02 (a trained model's scale), norms 1: the text is noise, the costs are real.
+`--quantize TYPE` writes Q8_0 first and has llama.cpp's `llama-quantize` (built by
+bench.llama_cpp on first use, ~15 minutes) turn it into TYPE (Q4_K_M, Q5_K_M, ...:
+the K-quant mixtures gguf-py cannot write), as a user's file is made.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,11 +128,27 @@ def main(argv=None) -> None:
     parser.add_argument("--kind", default="Q4_0")
     parser.add_argument("--embedding-kind", default="Q8_0")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantize", default=None, help="a llama-quantize type, e.g. Q4_K_M")
     args = parser.parse_args(argv)
     shape = LlamaShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads)
     started = time.perf_counter()
-    write_random_gguf(args.path, shape, args.kind, args.embedding_kind, args.seed)
+    if args.quantize is None:
+        write_random_gguf(args.path, shape, args.kind, args.embedding_kind, args.seed)
+    else:
+        quantized(args.path, shape, args.quantize, args.seed)
     print(f"wrote {args.path} in {time.perf_counter() - started:.0f} s")
+
+
+def quantized(path: str, shape: LlamaShape, kind: str, seed: int) -> None:
+    """A random Q8_0 file turned into `kind` by llama.cpp's llama-quantize."""
+    from .llama_cpp import llama_server
+
+    quantize = llama_server(tool="llama-quantize")
+    with tempfile.TemporaryDirectory(dir=Path(path).resolve().parent) as staging:
+        source = Path(staging) / "q8_0.gguf"
+        write_random_gguf(str(source), shape, "Q8_0", "Q8_0", seed)
+        subprocess.run([str(quantize), "--allow-requantize", str(source), path, kind],
+                       check=True, capture_output=True, text=True)
 
 
 if __name__ == "__main__":
