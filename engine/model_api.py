@@ -255,7 +255,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                              "1 and a C compiler (use float32 otherwise)")
         module = _own_family(_read_weights(source, config, progress, kernels, int8_activations),
                              config, torch_dtype, device, tp_size, cpu_group_timeout, kernels,
-                             keep_dense=mixed, int8_activations=int8_activations)
+                             dense_table=mixed, int8_activations=int8_activations)
         choose_linear_methods(module, dtype, pack=single_cpu)
         if single_cpu:
             _use_executors(module, cache_dir)
@@ -311,12 +311,12 @@ def _read_weights(source, config, progress: bool, kernels, int8_activations: boo
 
 
 def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_size: int,
-                cpu_group_timeout: float | None, kernels, keep_dense: bool,
+                cpu_group_timeout: float | None, kernels, dense_table: bool,
                 int8_activations: bool):
     """One of our decoder implementations (models/__init__.py's registry), sharded
     under tensor parallelism. A GGUF's projections run on its blocks in float32 on
     CPU, with no dense copy where the blocks serve every step size (unless
-    `keep_dense`: bf16-weights makes its bf16 weights from the dense ones), or with
+    `dense_table`: bf16-weights keeps an fp32 table for its LM head), or with
     `int8_activations` on the blocks repacked for int8 activations. `kernels`: the
     native kernels that serve a GGUF's blocks (_block_kernels), or None."""
     from .models import build_model
@@ -330,7 +330,7 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_si
             return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
         return build_model(config, state, dtype, device)
     return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, keep_dense, int8_activations)))
+        skip=use_blocks(model, gguf.blocks, kernels, dense_table, int8_activations)))
 
 
 def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,

@@ -48,8 +48,8 @@ class BlockEmbedding(nn.Module):
 class _Installer:
     """One model's choices: which blocks keep a dense copy, which are repacked."""
 
-    def __init__(self, kernels, keep_dense: bool, int8_activations: bool) -> None:
-        self.kernels, self.keep_dense, self.int8 = kernels, keep_dense, int8_activations
+    def __init__(self, kernels, dense_table: bool, int8_activations: bool) -> None:
+        self.kernels, self.dense_table, self.int8 = kernels, dense_table, int8_activations
 
     def forms(self, parts: list[Blocks]) -> list[Blocks]:
         """The parts joined into runs of one form, repacked where int8 takes them all."""
@@ -58,23 +58,25 @@ class _Installer:
             return [to_int8_form(run) for run in runs]
         return runs
 
-    def blocks_only(self, runs: list[Blocks]) -> bool:
-        """Whether these runs (forms' output) need no dense copy."""
-        return not self.keep_dense and blocks_serve_every_step(runs, self.kernels)
+    def blocks_only(self, runs: list[Blocks], table: bool = False) -> bool:
+        """Whether these runs (forms' output; `table`: the embedding table's or the LM
+        head's) need no dense copy."""
+        return not (table and self.dense_table) and blocks_serve_every_step(runs, self.kernels)
 
 
 def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
-               keep_dense: bool, int8_activations: bool = False) -> set[str]:
+               dense_table: bool, int8_activations: bool = False) -> set[str]:
     """Give `model` (built, its weights not loaded yet) BlockLinear projections (and LM
     head) wherever `blocks` (a GGUF checkpoint's, under transformers' names:
-    gguf_checkpoint.py) holds every part. Unless `keep_dense` (bf16-weights makes its
-    bf16 weights from the dense ones), a weight whose blocks serve every step keeps no
-    dense copy, the embedding table included (BlockEmbedding). With `int8_activations`
+    gguf_checkpoint.py) holds every part. A weight whose blocks serve every step keeps
+    no dense copy, the embedding table included (BlockEmbedding), unless it is the table
+    or head and `dense_table` (bf16-weights redoes its LM head's best logits from the
+    fp32 table; its projections make their bf16 weights from the blocks, one at a time). With `int8_activations`
     every weight of 16-column groups is repacked for the int8 kernels (a tied table
     once, for both the lookups and the head). Returns the names of the weights that
     need no dense value; every other one is still to be loaded (a BlockLinear shares
     its projection's dense parameter)."""
-    installer = _Installer(kernels, keep_dense, int8_activations)
+    installer = _Installer(kernels, dense_table, int8_activations)
     if int8_activations and not kernels.int8_vnni:
         logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 kernels "
                        "run their portable loop, slower than float32's")
@@ -114,7 +116,7 @@ def _use_table_and_head(model: nn.Module, blocks: dict[str, Blocks], installer: 
     kernels = installer.kernels
     table = blocks.get("model.embed_tokens.weight")
     table_runs = None if table is None else installer.forms([table])
-    if table_runs is not None and installer.blocks_only(table_runs):
+    if table_runs is not None and installer.blocks_only(table_runs, table=True):
         model.embed_tokens = BlockEmbedding(table_runs[0])
         served.add("model.embed_tokens.weight")
     if model.lm_head is None:                       # tied
@@ -127,7 +129,7 @@ def _use_table_and_head(model: nn.Module, blocks: dict[str, Blocks], installer: 
     if head is None:
         return
     runs = installer.forms([head])
-    only = installer.blocks_only(runs)
+    only = installer.blocks_only(runs, table=True)
     model.use_lm_head(BlockLinear(None, None if only else model.lm_head.weight, runs, kernels))
     if only:
         served.add("lm_head.weight")
