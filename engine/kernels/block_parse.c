@@ -14,6 +14,9 @@
 
 #include "kernels.h"
 #include "worker_pool.h"
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #define BLOCK 32
 #define GROUP 16
@@ -27,8 +30,11 @@ typedef struct {
     float d[2], m[2];            /* [1]: Q8_16's second 16 weights */
 } Decoded;
 
-static float fp16_value(const uint8_t *at) {
+static inline float fp16_value(const uint8_t *at) {
     const uint16_t h = (uint16_t)(at[0] | at[1] << 8);
+#ifdef __F16C__
+    return _cvtsh_ss(h);                         /* exact, subnormals included */
+#else
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F,
                    mantissa = h & 0x3FF;
     uint32_t bits;
@@ -50,6 +56,7 @@ static float fp16_value(const uint8_t *at) {
     float result;
     memcpy(&result, &bits, sizeof result);
     return result;
+#endif
 }
 
 /* Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (0..7) from 12 bytes. */
@@ -93,15 +100,18 @@ static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) 
     }
     const int64_t super = b / 8, sub = b % 8;    /* K types: 256 weights, 8 blocks of 32 */
     if (type == GGUF_Q6_K) {
-        const uint8_t *block = row + super * 210, *low = block, *high = block + 128;
+        /* element 128 h + r: low 4 bits in nibble r / 64 of byte 64 h + r % 64, high 2
+         * bits at bit 2 (r / 32) of byte 128 + 32 h + r % 32; a block's r / 64 and
+         * r / 32 are fixed, so its bytes are runs of both */
+        const uint8_t *block = row + super * 210;
         const int8_t *scales = (const int8_t *)(block + 192);
         const float d = fp16_value(block + 208);
-        for (int j = 0; j < BLOCK; j++) {
-            const int e = (int)sub * BLOCK + j, half = e / 128, r = e % 128;
-            const int code = ((low[64 * half + r % 64] >> (4 * (r / 64))) & 15)
-                             | ((high[32 * half + r % 32] >> (2 * (r / 32))) & 3) << 4;
-            out->bytes[j] = (uint8_t)(code - 32);
-        }
+        const int half = (int)sub / 4, r0 = BLOCK * ((int)sub % 4);
+        const uint8_t *low = block + 64 * half + r0 % 64, *high = block + 128 + 32 * half;
+        const int low_shift = 4 * (r0 / 64), high_shift = 2 * (r0 / 32);
+        for (int j = 0; j < BLOCK; j++)
+            out->bytes[j] = (uint8_t)((((low[j] >> low_shift) & 15)
+                                       | ((high[j] >> high_shift) & 3) << 4) - 32);
         out->d[0] = d * (float)scales[2 * sub];
         out->d[1] = d * (float)scales[2 * sub + 1];
         return;
