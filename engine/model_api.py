@@ -253,9 +253,12 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
             raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
                              "native CPU kernels: it needs a .gguf model, device cpu, tp_size "
                              "1 and a C compiler (use float32 otherwise)")
+        if int8_activations and not kernels.int8_vnni:
+            logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 "
+                           "kernels run their portable loop, slower than float32's")
         module = _own_family(_read_weights(source, config, progress, kernels, int8_activations),
                              config, torch_dtype, device, tp_size, cpu_group_timeout, kernels,
-                             dense_table=mixed, int8_activations=int8_activations)
+                             dense_table=mixed)
         choose_linear_methods(module, dtype, pack=single_cpu)
         if single_cpu:
             _use_executors(module, cache_dir)
@@ -311,14 +314,13 @@ def _read_weights(source, config, progress: bool, kernels, int8_activations: boo
 
 
 def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_size: int,
-                cpu_group_timeout: float | None, kernels, dense_table: bool,
-                int8_activations: bool):
+                cpu_group_timeout: float | None, kernels, dense_table: bool):
     """One of our decoder implementations (models/__init__.py's registry), sharded
     under tensor parallelism. A GGUF's projections run on its blocks in float32 on
     CPU, with no dense copy where the blocks serve every step size (unless
-    `dense_table`: bf16-weights keeps an fp32 table for its LM head), or with
-    `int8_activations` on the blocks repacked for int8 activations. `kernels`: the
-    native kernels that serve a GGUF's blocks (_block_kernels), or None."""
+    `dense_table`: bf16-weights keeps an fp32 table for its LM head), in whatever
+    form `weights` holds them (int8-activation forms where it was read for them).
+    `kernels`: the native kernels that serve a GGUF's blocks (_block_kernels), or None."""
     from .models import build_model
     from .models.block_install import use_blocks
     from .models.gguf_checkpoint import GGUFCheckpoint
@@ -330,7 +332,7 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_si
             return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
         return build_model(config, state, dtype, device)
     return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, dense_table, int8_activations)))
+        skip=use_blocks(model, gguf.blocks, kernels, dense_table)))
 
 
 def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,

@@ -1,7 +1,8 @@
 """A GGUF checkpoint's blocks installed on a built model, before any weight is loaded:
 BlockLinear projections and LM head (block_weights.py), the embedding table as
-blocks, the fused MLP path; and, for dtype int8-activations, every block form the int8
-kernels take repacked for them (int8_blocks.py).
+blocks, the fused MLP path. Blocks arrive in the form their kernels read: for dtype
+int8-activations the parser wrote them in the int8 forms (gguf_checkpoint.py's
+BlockParsing, int8_blocks.py).
 
 Weights the blocks serve at every step size keep no dense copy; their entries leave
 the checkpoint's dict as they are installed, so the joined copy of a fused projection
@@ -10,17 +11,12 @@ the checkpoint's dict as they are installed, so the joined copy of a fused proje
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
 from .block_formats import Blocks
 from .block_weights import BlockLinear, FusedBlockMLP, blocks_serve_every_step, joined
-from .int8_blocks import int8_convertible, to_int8_form
 from ..kernels.native import FUSED_ACTIVATIONS
-
-logger = logging.getLogger(__name__)
 
 _PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                 "self_attn.o_proj": ("self_attn.o_proj",),
@@ -45,41 +41,17 @@ class BlockEmbedding(nn.Module):
         return rows.view(*input_ids.shape, self.embedding_dim)
 
 
-class _Installer:
-    """One model's choices: which blocks keep a dense copy, which are repacked."""
-
-    def __init__(self, kernels, dense_table: bool, int8_activations: bool) -> None:
-        self.kernels, self.dense_table, self.int8 = kernels, dense_table, int8_activations
-
-    def forms(self, parts: list[Blocks]) -> list[Blocks]:
-        """The parts joined into runs of one form, repacked where int8 takes them all."""
-        runs = joined(parts)
-        if self.int8 and all(int8_convertible(run) for run in runs):
-            return [to_int8_form(run) for run in runs]
-        return runs
-
-    def blocks_only(self, runs: list[Blocks], table: bool = False) -> bool:
-        """Whether these runs (forms' output; `table`: the embedding table's or the LM
-        head's) need no dense copy."""
-        return not (table and self.dense_table) and blocks_serve_every_step(runs, self.kernels)
-
-
 def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
-               dense_table: bool, int8_activations: bool = False) -> set[str]:
+               dense_table: bool) -> set[str]:
     """Give `model` (built, its weights not loaded yet) BlockLinear projections (and LM
     head) wherever `blocks` (a GGUF checkpoint's, under transformers' names:
     gguf_checkpoint.py) holds every part. A weight whose blocks serve every step keeps
     no dense copy, the embedding table included (BlockEmbedding), unless it is the table
     or head and `dense_table` (bf16-weights redoes its LM head's best logits from the
-    fp32 table; its projections make their bf16 weights from the blocks, one at a time). With `int8_activations`
-    every weight of 16-column groups is repacked for the int8 kernels (a tied table
-    once, for both the lookups and the head). Returns the names of the weights that
-    need no dense value; every other one is still to be loaded (a BlockLinear shares
-    its projection's dense parameter)."""
-    installer = _Installer(kernels, dense_table, int8_activations)
-    if int8_activations and not kernels.int8_vnni:
-        logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 kernels "
-                       "run their portable loop, slower than float32's")
+    fp32 table; its projections make their bf16 weights from the blocks, one at a
+    time). A tied head multiplies the table's blocks (one copy for the lookups and
+    the head). Returns the names of the weights that need no dense value; every other
+    one is still to be loaded (a BlockLinear shares its projection's dense parameter)."""
     served: set[str] = set()
     for i, layer in enumerate(model.layers):
         for name, parts in _PROJECTIONS.items():
@@ -93,8 +65,8 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
             if sum(b.shape[0] for b in found) != linear.out_features:
                 raise ValueError(f"layer {i} {name}: blocks of {[b.shape[0] for b in found]} "
                                  f"rows for {linear.out_features} outputs")
-            runs = installer.forms(found)
-            only = installer.blocks_only(runs)
+            runs = joined(found)
+            only = blocks_serve_every_step(runs, kernels)
             setattr(parent, attr, BlockLinear(linear, None if only else linear.weight, runs,
                                               kernels))
             if only:       # joined parts are copies: let the checkpoint's go at once
@@ -105,18 +77,18 @@ def use_blocks(model: nn.Module, blocks: dict[str, Blocks], kernels,
         if FusedBlockMLP.applies(layer.mlp):
             layer.mlp.use_fused(FusedBlockMLP(layer.mlp.gate_up_proj, layer.mlp.down_proj,
                                               kernels, FUSED_ACTIVATIONS[layer.mlp.act_name]))
-    _use_table_and_head(model, blocks, installer, served)
+    _use_table_and_head(model, blocks, kernels, dense_table, served)
     return served
 
 
-def _use_table_and_head(model: nn.Module, blocks: dict[str, Blocks], installer: _Installer,
-                        served: set[str]) -> None:
-    """The embedding table as blocks where they serve every step, and the LM head on
-    blocks: a tied head on the table's (one copy for both)."""
-    kernels = installer.kernels
+def _use_table_and_head(model: nn.Module, blocks: dict[str, Blocks], kernels,
+                        dense_table: bool, served: set[str]) -> None:
+    """The embedding table as blocks where they serve every step (and `dense_table` is
+    not asked for), and the LM head on blocks: a tied head on the table's."""
     table = blocks.get("model.embed_tokens.weight")
-    table_runs = None if table is None else installer.forms([table])
-    if table_runs is not None and installer.blocks_only(table_runs, table=True):
+    table_runs = None if table is None else [table]
+    if table_runs is not None and not dense_table \
+            and blocks_serve_every_step(table_runs, kernels):
         model.embed_tokens = BlockEmbedding(table_runs[0])
         served.add("model.embed_tokens.weight")
     if model.lm_head is None:                       # tied
@@ -128,8 +100,8 @@ def _use_table_and_head(model: nn.Module, blocks: dict[str, Blocks], installer: 
     head = blocks.get("lm_head.weight")
     if head is None:
         return
-    runs = installer.forms([head])
-    only = installer.blocks_only(runs, table=True)
+    runs = [head]
+    only = not dense_table and blocks_serve_every_step(runs, kernels)
     model.use_lm_head(BlockLinear(None, None if only else model.lm_head.weight, runs, kernels))
     if only:
         served.add("lm_head.weight")

@@ -3,7 +3,8 @@
 The int8 kernels (engine/kernels/block_int8.c) quantize each step's activations to
 int8 per block of 32 (a scale per block, as llama.cpp does) and sum code products in
 int32 with VNNI. They read the weights in groups of 16 output columns, one column per
-vector lane, so each form is repacked once at load:
+vector lane, so each form is laid out anew at load (the native parser writes these
+forms straight from the file, kernels/block_parse.c):
 
     form      from            codes                                  scales, minima
     I8_Q4     Q4_1            the 16 code bytes of a block, dword    d, m
@@ -29,13 +30,10 @@ LANES = 16
 """Columns per group: the lanes of the kernels' vectors."""
 
 
-def int8_convertible(blocks: Blocks) -> bool:
-    """Whether `blocks` can be repacked: a known form and whole groups of 16 columns."""
-    return blocks.kind in INT8_FORM_OF and blocks.codes.shape[0] % LANES == 0
-
-
 def to_int8_form(blocks: Blocks) -> "Int8Blocks":
-    """`blocks` repacked for the int8 kernels (a copy; int8_convertible must hold)."""
+    """`blocks` (of a form in INT8_FORM_OF, N a multiple of 16) repacked for the int8
+    kernels, with torch's ops: a copy. Loading writes these forms straight from the
+    file (kernels/block_parse.c); this is the reference its output is tested against."""
     kind = blocks.kind
     codes = blocks.codes.view(torch.uint8)
     if kind in ("Q8_0", "Q8_16"):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, empty_blocks, parse_blocks
-from engine.models.int8_blocks import empty_int8_blocks, to_int8_form
+from engine.models.gguf_checkpoint import BlockParsing
+from engine.models.int8_blocks import Int8Blocks, empty_int8_blocks, to_int8_form
 from tests.engine.test_block_formats import FP16_FIELDS, kernels, random_blocks  # noqa: F401
 
 ROWS, COLS = 48, 512
@@ -37,26 +38,24 @@ def assert_same_blocks(got, want) -> None:
 
 @pytest.mark.parametrize("kind", sorted(FORM_OF))
 @pytest.mark.parametrize("reordered", [False, True])
-def test_native_parse_equals_torch_in_the_kernel_form(kernels, kind, reordered):  # noqa: F811
+@pytest.mark.parametrize("int8", [False, True], ids=["kernel-form", "int8-form"])
+def test_native_parse_equals_torch(kernels, kind, reordered, int8):  # noqa: F811
     raw = torch.from_numpy(with_odd_scales(kind, random_blocks(kind, ROWS, COLS, seed=3)))
     order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(1)) if reordered else None
     want = parse_blocks(kind, raw)
     want = want.rows(order) if reordered else want
-    out = empty_blocks(FORM_OF[kind], ROWS + 32, COLS)
-    kernels.parse_gguf(kind, raw, out, 32, order)            # after a first part's rows
-    assert_same_blocks(out.row_range(32, 32 + ROWS), want)
+    want = to_int8_form(want) if int8 else want
+    ahead = 16 if int8 else 32                            # a first part's rows before
+    out = (empty_int8_blocks if int8 else empty_blocks)(FORM_OF[kind], ahead + ROWS, COLS)
+    kernels.parse_gguf(kind, raw, out, ahead, order)
+    assert_same_blocks(out.row_range(ahead, ahead + ROWS), want)
 
 
-@pytest.mark.parametrize("kind", sorted(FORM_OF))
-@pytest.mark.parametrize("reordered", [False, True])
-def test_native_parse_equals_torch_in_the_int8_form(kernels, kind, reordered):  # noqa: F811
-    raw = torch.from_numpy(with_odd_scales(kind, random_blocks(kind, ROWS, COLS, seed=4)))
-    order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(2)) if reordered else None
-    want = parse_blocks(kind, raw)
-    want = to_int8_form(want.rows(order) if reordered else want)
-    out = empty_int8_blocks(FORM_OF[kind], 16 + ROWS, COLS)
-    kernels.parse_gguf(kind, raw, out, 16, order)
-    assert_same_blocks(out.row_range(16, 16 + ROWS), want)
+def test_rows_in_whole_groups_are_parsed_into_the_int8_forms(kernels):  # noqa: F811
+    parsing = BlockParsing(kernels, int8_activations=True)
+    assert isinstance(parsing.empty("Q4_K", [16, 32], 256), Int8Blocks)
+    cut = parsing.empty("Q4_K", [16, 24], 256)          # 24 rows cut a group: kernel form
+    assert not isinstance(cut, Int8Blocks) and cut.kind == "Q4_1"
 
 
 def test_int8_forms_refuse_rows_that_cut_a_group(kernels):  # noqa: F811

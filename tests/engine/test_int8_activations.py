@@ -18,7 +18,7 @@ from engine import load_model
 from engine.kernels.build import default_kernels
 from engine.models.block_formats import Blocks
 from engine.models.block_weights import BlockLinear
-from engine.models.int8_blocks import int8_convertible, to_int8_form
+from engine.models.int8_blocks import to_int8_form
 from tests.engine.test_block_kinds_stack import mixed_path  # noqa: F401 (fixture)
 from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows
 
@@ -83,13 +83,10 @@ def test_int8_products_equal_the_quantized_reference(kind, rows):
 
 @needs_kernels
 def test_columns_must_come_in_whole_groups():
-    blocks = random_blocks("Q4_1", 24, 64, seed=3)
-    assert not int8_convertible(blocks)
-    assert int8_convertible(random_blocks("Q4_1", 32, 64, seed=3))
-    padded = to_int8_form(random_blocks("Q4_1", 32, 64, seed=3))
-    with pytest.raises(RuntimeError, match="kernel failed"):   # the C side refuses too
-        kernels.gemm(padded.kind, torch.randn(2, 64), padded.codes[:24], padded.scales[:24],
-                     padded.minima[:24])
+    whole = to_int8_form(random_blocks("Q4_1", 32, 64, seed=3))
+    with pytest.raises(RuntimeError, match="kernel failed"):   # 24 columns: refused
+        kernels.gemm(whole.kind, torch.randn(2, 64), whole.codes[:24], whole.scales[:24],
+                     whole.minima[:24])
 
 
 @pytest.fixture(scope="module")
