@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"kvserve: {exc}", file=sys.stderr)
         return 2
+    try:
+        cap_cpu_isa(settings.cpu_isa)   # before anything imports torch's kernels
+    except ValueError as exc:
+        print(f"kvserve: {exc}", file=sys.stderr)
+        return 2
     # Imported late: `--help` and setting errors stay instant.
     from .app import create_app, load_engine_model
     from .lifecycle import serve
@@ -50,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     serve(create_app(settings, model), settings)
     return 0
+
+
+def cap_cpu_isa(name: str) -> None:
+    """Run the kernels of ISA level `name` ("native": the CPU's best); below the
+    CPU's best, torch's own CPU kernels are held to the level too."""
+    from engine.kernels.isa import cap_torch, cpu_features, choose_level
+
+    os.environ["KVSERVE_CPU_ISA"] = name
+    features = cpu_features()
+    level, best = choose_level(features, name), choose_level(features)
+    if level != best:
+        cap_torch(level)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-cache-dtype", help="auto (bf16 with bf16-weights, else fp32 on CPU), float32 "
                                  "or bfloat16")
     add("--device", help="auto, cpu, cuda or cuda:N")
+    add("--cpu-isa", help="highest instruction-set level of the CPU kernels: native (the "
+                          "CPU's best), generic, avx2, avx_vnni, avx512; on ARM generic, "
+                          "neon, dotprod (docs/cpu-kernels.md)")
     add("--tp-size", type=int, help="tensor-parallel processes (launch with torchrun "
                                      "--nproc-per-node TP_SIZE -m server ...)")
     add("--max-request-bytes", type=int, help="largest request body accepted")

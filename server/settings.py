@@ -82,6 +82,11 @@ class ServerSettings(BaseModel):
     """KV cache element type: "auto" is bf16 with dtype bf16-weights, else fp32 on CPU
     and the model's dtype on GPUs; bf16 holds twice the tokens and halves what decode
     attention reads."""
+    cpu_isa: Literal["native", "generic", "avx2", "avx_vnni", "avx512", "neon",
+                     "dotprod"] = "native"
+    """The highest instruction-set level the CPU kernels (and torch's own) may use:
+    "native" is the CPU's best; a lower level runs exactly what a CPU of that level
+    runs (engine/kernels/isa.py; docs/cpu-kernels.md). Also KVSERVE_CPU_ISA."""
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
     tp_size: int = Field(1, ge=1)

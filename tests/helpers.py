@@ -158,7 +158,11 @@ def generate_and_inspect(model, prompts, max_new_tokens: int, warmup: bool = Fal
 
 def assert_blocks_decode_like_dense(blocked, dense, max_new_tokens: int) -> None:
     """The same GGUF model loaded with and without its block kernels: three prompts
-    decode to the same greedy tokens, logprobs within 1e-4."""
+    decode to the same greedy tokens, logprobs within 2e-4. Both are fp32 products of
+    the same weights summed in different orders, and each is that far from the
+    truth: on the Qwen2 copy (30 layers, a random qkv bias) teacher-forced in float64,
+    torch's dense fp32 path is up to 1.3e-4 off, the AVX2 and AVX-512 block kernels
+    3e-5 to 5e-5, the plain C loops 1.8e-4."""
     from engine import ContinuousBatchingConfig, GenerationConfig
 
     tokenizer = dense.tokenizer
@@ -170,4 +174,30 @@ def assert_blocks_decode_like_dense(blocked, dense, max_new_tokens: int) -> None
     want = list(dense.generate_batch(prompts, config, logprobs).values())
     assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
     for mine, reference in zip(got, want):
-        assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+        assert mine.logprobs == pytest.approx(reference.logprobs, abs=2e-4)
+
+
+def runnable_isa_levels() -> list[str]:
+    """The kernel ISA levels this host can execute, each once: generic, avx2 (x86) and
+    the CPU's best (engine/kernels/isa.py), for tests run once per variant."""
+    from engine.kernels.isa import choose_level, cpu_features
+
+    features = cpu_features()
+    names = [choose_level(features, cap).name for cap in ("generic", "avx2", "native")
+             if cap == "native" or cap in _level_names()]
+    return list(dict.fromkeys(names))
+
+
+def _level_names() -> list[str]:
+    from engine.kernels.isa import machine_levels
+
+    return [level.name for level in machine_levels()]
+
+
+@contextlib.contextmanager
+def cpu_isa(name: str):
+    """KVSERVE_CPU_ISA=name while the block runs: models loaded and steps run inside
+    it use that level's kernels."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVSERVE_CPU_ISA", name)
+        yield

@@ -10,10 +10,11 @@ halves (decode_layer.c), a step's whole layer stack on bf16 weights
 (decoder_stack.c), the bf16 LM head's finish (head_rescore.c) and greedy picks
 (argmax.c), sharing one pool of helper threads (worker_pool.c).
 
-The C files are compiled once per machine with the system C compiler (`cc -O3
--march=native -pthread`) into one library under `<cache>/kernels/`, keyed by the
-sources, the compiler and the CPU's feature flags, and loaded with ctypes; ctypes
-releases the GIL during each call. Without a compiler, or when the build fails,
+The C files are compiled with the system C compiler (`cc -O3 -pthread` and the target
+flags of one ISA level, isa.py: generic, avx2, avx512 ... on x86, generic, neon,
+dotprod on ARM) into one library per level under `<cache>/kernels/`, keyed by the
+sources, the compiler and the level's flags, and loaded with ctypes; ctypes releases
+the GIL during each call. The level is the CPU's best, capped by KVSERVE_CPU_ISA. Without a compiler, or when the build fails,
 `load_native_kernels()` returns None (logged once) and callers keep their torch
 path. KVSERVE_NATIVE_KERNELS=0 turns the kernels off.
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .isa import IsaLevel, cpu_features, selected_level
 from .native import NativeKernels
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
                         "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h")]
 _lock = threading.Lock()
-_loaded: dict[str, "NativeKernels | None"] = {}
+_loaded: dict[tuple[str, str], "NativeKernels | None"] = {}
 
 
 def default_num_threads() -> int:
@@ -63,67 +65,66 @@ def default_num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _build(compiler: str, target: Path) -> None:
+def build_library(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    """Compile SOURCES with the target `flags` into the shared library `target`."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         partial = Path(staging) / target.name
-        subprocess.run([compiler, "-O3", "-march=native", "-pthread", "-shared", "-fPIC",
+        subprocess.run([compiler, "-O3", *flags, "-pthread", "-shared", "-fPIC",
                         "-o", str(partial), *map(str, SOURCES), "-lm"],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(partial, target)      # atomic: concurrent builders never see half a file
 
 
-def load_native_kernels(cache_dir: Path | None = None) -> NativeKernels | None:
-    """The compiled kernels, or None when they cannot be built here (any thread)."""
+def load_native_kernels(cache_dir: Path | None = None,
+                        level: IsaLevel | None = None) -> NativeKernels | None:
+    """The kernels compiled for `level` (default: selected_level(), the CPU's best
+    under KVSERVE_CPU_ISA), or None when they cannot be built here (any thread)."""
     if os.environ.get("KVSERVE_NATIVE_KERNELS", "1") == "0":
         return None
     from ..loading import default_cache_dir
 
     root = Path(cache_dir) if cache_dir else default_cache_dir()
+    level = level or selected_level()
     with _lock:
-        if str(root) in _loaded:
-            return _loaded[str(root)]
+        if (str(root), level.name) in _loaded:
+            return _loaded[str(root), level.name]
         kernels = None
         compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
         if compiler is None:
             logger.info("no C compiler: native kernels off, torch ops serve")
         else:
             try:
+                flags = level.compiler_flags(cpu_features())
                 sources = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
                 key = hashlib.sha256(sources + compiler.encode()
-                                     + _cpu_flags().encode()).hexdigest()[:16]
-                target = root / "kernels" / f"kvserve_kernels-{key}.so"
+                                     + " ".join(flags).encode()).hexdigest()[:16]
+                target = root / "kernels" / f"kvserve_kernels-{level.name}-{key}.so"
                 if not target.is_file():
-                    _build(compiler, target)
-                kernels = NativeKernels(ctypes.CDLL(str(target)), default_num_threads())
+                    build_library(compiler, flags, target)
+                kernels = NativeKernels(ctypes.CDLL(str(target)), default_num_threads(),
+                                        level.name)
+                logger.info("native kernels: %s level (%s)", level.name, " ".join(flags))
             except (OSError, subprocess.SubprocessError) as error:
                 detail = getattr(error, "stderr", "") or error
                 logger.warning("native kernels unavailable (%s): torch ops serve",
                                str(detail).strip()[:500])
-        _loaded[str(root)] = kernels
+        _loaded[str(root), level.name] = kernels
         return kernels
 
 
-_default: list = []
+_default: dict[str | None, "NativeKernels | None"] = {}
 
 
 def default_kernels() -> NativeKernels | None:
-    """load_native_kernels() for the default cache folder, looked up once: for the
-    per-op callers (norms, attention), which ask on every call (any thread)."""
+    """load_native_kernels() for the default cache folder and the selected level,
+    looked up once per KVSERVE_CPU_ISA value: for the per-op callers (norms,
+    attention), which ask on every call (any thread)."""
     if torch.compiler.is_compiling():
         # a layer step traced by torch.compile takes the torch ops (compile_paths.py):
         # dynamo cannot trace a ctypes call
         return None
-    if not _default:
-        _default.append(load_native_kernels())
-    return _default[0]
+    cap = os.environ.get("KVSERVE_CPU_ISA")
+    if cap not in _default:
+        _default[cap] = load_native_kernels()
+    return _default[cap]

@@ -68,11 +68,15 @@ class NativeKernels:
     """ctypes front of the compiled library; every method takes and returns torch
     tensors on the CPU and checks what the C code relies on."""
 
-    def __init__(self, library: ctypes.CDLL, num_threads: int) -> None:
+    def __init__(self, library: ctypes.CDLL, num_threads: int, isa: str = "native") -> None:
+        self.isa = isa
+        """The ISA level the library was built for (isa.py's IsaLevel.name)."""
         for name, signature in SIGNATURES.items():
             getattr(library, name).argtypes = [_ARGUMENT_TYPES[c] for c in signature]
         library.use_openmp_helpers.restype = ctypes.c_int
         self._library = library
+        self.path = library._name
+        """The shared library's file."""
         self._block_gemm = library.block_gemm
         self.max_threads = num_threads
         self._per_thread = threading.local()

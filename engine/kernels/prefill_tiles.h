@@ -4,6 +4,9 @@
  * its TILE_ROWS, KEY_BLOCK and MAX_DIM, on AVX512-BF16 builds. */
 #ifndef KVSERVE_PREFILL_TILES_H
 #define KVSERVE_PREFILL_TILES_H
+#if !(defined(__AVX512F__) && defined(__AVX512BF16__))
+#error "prefill_tiles.h is for AVX512-BF16 builds only"
+#endif
 
 #include <immintrin.h>
 #include <math.h>

@@ -1,21 +1,25 @@
 """Parity with transformers: logits and greedy generations of our model code on the
-paged cache, for every family, under chunked prefill and preemption."""
+paged cache, for every family, under chunked prefill and preemption, on every kernel
+ISA level this host can run."""
 
 import pytest
 import torch
 
 from engine import load_model
 
-from tests.helpers import (TINY_FAMILIES, generate_and_inspect, random_prompts,
-                           reference_greedy)
+from tests.helpers import (TINY_FAMILIES, cpu_isa, generate_and_inspect, random_prompts,
+                           reference_greedy, runnable_isa_levels)
 
 NEW_TOKENS = 10
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_models):
-    return {family: (load_model(path, progress=False), reference)
-            for family, (path, reference) in tiny_models.items()}
+@pytest.fixture(scope="module", params=runnable_isa_levels())
+def loaded(tiny_models, request):
+    """The models on each kernel ISA level this host runs (generic C, AVX2, the CPU's
+    best): the level stays selected while that level's tests run."""
+    with cpu_isa(request.param):
+        yield {family: (load_model(path, progress=False), reference)
+               for family, (path, reference) in tiny_models.items()}
 
 
 @pytest.fixture(scope="module")

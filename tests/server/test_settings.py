@@ -83,3 +83,13 @@ def test_a_hub_repositorys_gguf_file_joins_the_model_spec():
     settings = parse_settings(["--model", "org/repo", "--gguf-file", "m-Q4_K_M.gguf"], environ={})
     assert settings.model_spec == "org/repo:m-Q4_K_M.gguf"
     assert parse_settings(["--model", "org/repo"], environ={}).model_spec == "org/repo"
+
+
+def test_main_exits_2_for_a_cpu_isa_of_another_architecture(capsys, monkeypatch):
+    import platform
+
+    other = "neon" if platform.machine() in ("x86_64", "AMD64") else "avx2"
+    monkeypatch.setenv("KVSERVE_CPU_ISA", "native")      # main sets it; restored after
+    assert main(["--cpu-isa", other]) == 2
+    err = capsys.readouterr().err
+    assert other in err and "generic" in err
