@@ -12,7 +12,9 @@ Needs cmake, ninja and a C++ compiler. The build is native (`GGML_NATIVE`): the
 binary uses this CPU's vector extensions, as kvserve's kernels do. `--no-amx` builds
 without AMX tiles (in `build-no-amx/`), for hosts whose CPU lists AMX but whose
 virtual machine faults on the tile instructions (llama.cpp then crashes in its first
-matrix product).
+matrix product). `--isa avx2` builds for AVX2 CPUs instead (`GGML_NATIVE=OFF` with AVX2,
+FMA, F16C and BMI2, in `build-avx2/`): the llama.cpp an AVX2-only host runs, beside
+kvserve's `KVSERVE_CPU_ISA=avx2`.
 """
 
 from __future__ import annotations
@@ -50,13 +52,17 @@ TOOLS = ("llama-server", "llama-quantize")
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 """Explicit -mno flags win over what -march=native turns on, in either order."""
 
+AVX2_OPTIONS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+                "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"]
+"""An AVX2 build's options (ggml's x86 feature switches)."""
+
 
 def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2,
-                 tool: str = "llama-server", amx: bool = True) -> Path:
+                 tool: str = "llama-server", amx: bool = True, isa: str = "native") -> Path:
     """The path of `tool` (one of TOOLS) from llama-cpp-python `version`'s sources,
-    built on first use (without AMX tiles unless `amx`)."""
+    built on first use (without AMX tiles unless `amx`; for AVX2 CPUs with isa "avx2")."""
     target = build_root() / version
-    build = target / ("build" if amx else "build-no-amx")
+    build = target / ("build-avx2" if isa == "avx2" else "build" if amx else "build-no-amx")
     binary = build / "bin" / tool
     if binary.is_file():
         return binary
@@ -65,8 +71,9 @@ def llama_server(version: str = DEFAULT_VERSION, jobs: int = 2,
         _download(version, target)
     sources = next(target.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
     flags = [] if amx else [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
+    flags += AVX2_OPTIONS if isa == "avx2" else ["-DGGML_NATIVE=ON"]
     subprocess.run(["cmake", "-S", str(sources), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                     "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", *flags], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)],
@@ -90,8 +97,10 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tool", choices=TOOLS, default="llama-server")
     parser.add_argument("--no-amx", action="store_true", help="build without AMX tiles")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: build for AVX2 CPUs (no AVX-512), not this one")
     args = parser.parse_args(argv)
-    print(llama_server(args.version, args.jobs, args.tool, amx=not args.no_amx))
+    print(llama_server(args.version, args.jobs, args.tool, amx=not args.no_amx, isa=args.isa))
 
 
 if __name__ == "__main__":

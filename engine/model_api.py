@@ -253,9 +253,11 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
             raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
                              "native CPU kernels: it needs a .gguf model, device cpu, tp_size "
                              "1 and a C compiler (use float32 otherwise)")
-        if int8_activations and not kernels.int8_vnni:
-            logger.warning("int8-activations: this CPU has no AVX512-VNNI, so the int8 "
-                           "kernels run their portable loop, slower than float32's")
+        if int8_activations and kernels.int8_path == "portable":
+            raise ValueError(f"dtype int8-activations needs int8 vector instructions (AVX2 or "
+                             f"better); the kernels here are built for the {kernels.isa} "
+                             f"level, whose portable int8 loop is many times slower than "
+                             f"float32: use dtype float32")
         module = _own_family(_read_weights(source, config, progress, kernels, int8_activations),
                              config, torch_dtype, device, tp_size, cpu_group_timeout, kernels,
                              dense_table=mixed)

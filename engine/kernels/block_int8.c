@@ -31,20 +31,29 @@
 #include "worker_pool.h"
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#define INT8_VNNI 1
+#define INT8_PATH INT8_AVX512_VNNI
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__AVXVNNI__)
+#include <immintrin.h>
+#define INT8_PATH INT8_AVX_VNNI
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define INT8_PATH INT8_AVX2
 #else
-#define INT8_VNNI 0
+#define INT8_PATH INT8_PORTABLE
 #endif
 
 #define BLOCK 32
 #define GROUP 16                 /* columns per group: the lanes of a 512-bit vector */
 #define INT8_ROW_TILE 8          /* activation rows sharing one pass over the weights */
 
-/* x[rows, k] quantized per block: codes [rows, k], scales [rows, k/32], and the sums
- * scale * sum(codes) per 16 and per 32 values ([rows, k/16], [rows, k/32]). */
+/* x[rows, k] quantized per block: codes [rows, k], scales [rows, k/32], the sums
+ * scale * sum(codes) per 16 and per 32 values ([rows, k/16], [rows, k/32]) and the
+ * integer sums of codes per 16 ([rows, k/16]; AVX2's unsigned forms add 128 times
+ * them back, see group_tile_256). */
 typedef struct {
     int8_t *codes;
     float *scales, *sums16, *sums32;
+    int32_t *code_sums16;
 } QuantizedRows;
 
 static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows *out) {
@@ -65,6 +74,8 @@ static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows
             out->sums16[r * 2 * blocks + 2 * b] = scale * (float)sums[0];
             out->sums16[r * 2 * blocks + 2 * b + 1] = scale * (float)sums[1];
             out->sums32[r * blocks + b] = scale * (float)(sums[0] + sums[1]);
+            out->code_sums16[r * 2 * blocks + 2 * b] = sums[0];
+            out->code_sums16[r * 2 * blocks + 2 * b + 1] = sums[1];
         }
 }
 
@@ -79,7 +90,7 @@ typedef struct {
     WorkRanges *items;           /* groups of 16 columns */
 } Int8Job;
 
-#if INT8_VNNI
+#if INT8_PATH == INT8_AVX512_VNNI
 /* Per row of a tile, the int32 sums of codes times x's codes over one block, for the
  * two halves of the block (w[0..3]: elements 0-15, w[4..7]: 16-31). */
 static inline __attribute__((always_inline)) void block_sums_vnni(
@@ -150,6 +161,171 @@ static void group_tile_vnni(const Int8Job *job, int64_t group, int64_t r0, int t
 }
 #endif
 
+#if INT8_PATH == INT8_AVX_VNNI || INT8_PATH == INT8_AVX2
+/* 256-bit vectors: a group's 16 columns as two halves of 8 lanes (bytes 0-31 and
+ * 32-63 of each 64-byte vector of the layout above). With AVX-VNNI `vpdpbusd` sums
+ * the unsigned codes times x's bytes as on AVX-512. AVX2 has `vpmaddubsw` (pairs of
+ * unsigned x signed bytes into int16, saturating) and `vpmaddwd` (pairs of int16 into
+ * int32): a Q4 code (0..15) times x (|x| <= 127) keeps 8 pair sums of a block under
+ * 2^15, so a block's 8 dwords are summed in int16 and widened once; unsigned 8-bit
+ * codes would overflow a pair, so they are shifted to signed (c - 128, whose size is
+ * at most 128) and multiplied by sign trick, |c - 128| times x with c - 128's sign,
+ * and 128 * sum(x) is added back in int32: the same integers as VNNI's. The halves
+ * form holds only Q6_K's codes (q - 32 + 128: 96..159), so c - 96 (0..63) is a
+ * `vpmaddubsw` operand itself, two dwords' pair sums still fit int16, and 96 * sum(x)
+ * is added back. */
+#define HALVES_PER_GROUP 2
+
+static inline __m256i widen_pairs(__m256i pairs16) {
+    return _mm256_madd_epi16(pairs16, _mm256_set1_epi16(1));
+}
+
+#if INT8_PATH == INT8_AVX_VNNI
+/* acc + the sums of 4 products of w's unsigned bytes and x's signed ones, per dword. */
+#define DOT_U8(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
+#endif
+
+/* One block's int32 sums for one row and one half: elements 0-15 in *low, 16-31 in
+ * *high. w: the block's 8 (nibbles: 8 unpacked) vectors of this half; for AVX2's
+ * unsigned forms, `magnitude` and `shifted` are |c - 128| and c - 128 of them. */
+static inline __attribute__((always_inline)) void block_sums_256(
+        const __m256i *w, const __m256i *magnitude, const __m256i *shifted,
+        const int32_t *xq, const int32_t *code_sums, int nibbles, int halves, __m256i *low,
+        __m256i *high) {
+#if INT8_PATH == INT8_AVX_VNNI
+    (void)magnitude, (void)shifted, (void)code_sums, (void)nibbles, (void)halves;
+    __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+        a = DOT_U8(a, w[t], _mm256_set1_epi32(xq[t]));
+        c = DOT_U8(c, w[4 + t], _mm256_set1_epi32(xq[4 + t]));
+    }
+    *low = a;
+    *high = c;
+#else
+    if (nibbles) {           /* 8 pair sums of at most 2 * 15 * 127 each: fits int16 */
+        __m256i a = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xq[0]));
+        __m256i c = _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(xq[4]));
+        for (int t = 1; t < 4; t++) {
+            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xq[t])));
+            c = _mm256_add_epi16(c, _mm256_maddubs_epi16(w[4 + t],
+                                                         _mm256_set1_epi32(xq[4 + t])));
+        }
+        *low = widen_pairs(a);
+        *high = widen_pairs(c);
+        return;
+    }
+    if (halves) {            /* c - 96 in 0..63: 4 pair sums of 2 * 63 * 127 fit int16 */
+        __m256i a = _mm256_set1_epi32(96 * code_sums[0]);
+        __m256i c = _mm256_set1_epi32(96 * code_sums[1]);
+        for (int t = 0; t < 4; t += 2) {
+            a = _mm256_add_epi32(a, widen_pairs(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xq[t])),
+                    _mm256_maddubs_epi16(w[t + 1], _mm256_set1_epi32(xq[t + 1])))));
+            c = _mm256_add_epi32(c, widen_pairs(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(w[4 + t], _mm256_set1_epi32(xq[4 + t])),
+                    _mm256_maddubs_epi16(w[5 + t], _mm256_set1_epi32(xq[5 + t])))));
+        }
+        *low = a;
+        *high = c;
+        return;
+    }
+    __m256i a = _mm256_set1_epi32(128 * code_sums[0]), c = _mm256_set1_epi32(128 * code_sums[1]);
+    for (int t = 0; t < 4; t++) {
+        const __m256i x0 = _mm256_set1_epi32(xq[t]), x1 = _mm256_set1_epi32(xq[4 + t]);
+        a = _mm256_add_epi32(a, widen_pairs(_mm256_maddubs_epi16(
+                magnitude[t], _mm256_sign_epi8(x0, shifted[t]))));
+        c = _mm256_add_epi32(c, widen_pairs(_mm256_maddubs_epi16(
+                magnitude[4 + t], _mm256_sign_epi8(x1, shifted[4 + t]))));
+    }
+    *low = a;
+    *high = c;
+#endif
+}
+
+/* One block's weights for one half (h: 0 or 1) into w (AVX2's halves: c - 96; its
+ * other unsigned forms: magnitude and shifted too). */
+static inline __attribute__((always_inline)) void load_half_256(
+        const uint8_t *qb, int h, int nibbles, int halves, __m256i *w, __m256i *magnitude,
+        __m256i *shifted) {
+    if (nibbles) {
+        const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+        for (int t = 0; t < 4; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * t + 32 * h));
+            w[t] = _mm256_and_si256(v, low_nibbles);
+            w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+        }
+        return;
+    }
+    for (int t = 0; t < 8; t++) {
+        w[t] = _mm256_loadu_si256((const __m256i *)(qb + 64 * t + 32 * h));
+#if INT8_PATH == INT8_AVX2
+        if (halves) {
+            w[t] = _mm256_sub_epi8(w[t], _mm256_set1_epi8(96));
+            continue;
+        }
+        shifted[t] = _mm256_xor_si256(w[t], _mm256_set1_epi8((char)0x80));
+        magnitude[t] = _mm256_abs_epi8(shifted[t]);
+#else
+        (void)magnitude, (void)shifted, (void)halves;
+#endif
+    }
+}
+
+/* One group of 16 columns against `tile` rows (from row r0), all blocks: each half's
+ * weights are unpacked once per block for the tile's rows. */
+static void group_tile_256(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+    const int64_t blocks = job->k / BLOCK, k = job->k;
+    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
+    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
+    const uint8_t *q = job->q + group * blocks * block_bytes;
+    const float *d = job->d + group * blocks * groups_per_block * GROUP;
+    const float *m = job->m + group * blocks * groups_per_block * GROUP;
+    const QuantizedRows *x = job->x;
+    __m256 acc[INT8_ROW_TILE][HALVES_PER_GROUP];
+    for (int r = 0; r < tile; r++)
+        for (int h = 0; h < HALVES_PER_GROUP; h++) acc[r][h] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *qb = q + b * block_bytes;
+        _mm_prefetch((const char *)(qb + 8 * block_bytes), _MM_HINT_T0);
+        _mm_prefetch((const char *)(qb + 8 * block_bytes + 64), _MM_HINT_T0);
+        const float *db = d + b * groups_per_block * GROUP, *mb = m + b * groups_per_block * GROUP;
+        for (int h = 0; h < HALVES_PER_GROUP; h++) {
+            __m256i w[8], magnitude[8], shifted[8];
+            load_half_256(qb, h, nibbles, halves, w, magnitude, shifted);
+            const __m256 d0 = _mm256_loadu_ps(db + 8 * h), m0 = _mm256_loadu_ps(mb + 8 * h);
+            for (int r = 0; r < tile; r++) {
+                const int64_t row = r0 + r;
+                __m256i low, high;
+                block_sums_256(w, magnitude, shifted,
+                               (const int32_t *)(x->codes + row * k + b * BLOCK),
+                               x->code_sums16 + row * 2 * blocks + 2 * b, nibbles, halves,
+                               &low, &high);
+                const __m256 scale = _mm256_set1_ps(x->scales[row * blocks + b]);
+                if (halves) {
+                    const __m256 d1 = _mm256_loadu_ps(db + GROUP + 8 * h);
+                    const __m256 m1 = _mm256_loadu_ps(mb + GROUP + 8 * h);
+                    const float *sums = x->sums16 + row * 2 * blocks + 2 * b;
+                    __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low),
+                                               _mm256_mul_ps(d0, scale), acc[r][h]);
+                    a = _mm256_fmadd_ps(m0, _mm256_set1_ps(sums[0]), a);
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(d1, scale), a);
+                    acc[r][h] = _mm256_fmadd_ps(m1, _mm256_set1_ps(sums[1]), a);
+                } else {
+                    const __m256 a = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(_mm256_add_epi32(low, high)),
+                        _mm256_mul_ps(d0, scale), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(m0, _mm256_set1_ps(x->sums32[row * blocks + b]),
+                                                a);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < tile; r++)
+        for (int h = 0; h < HALVES_PER_GROUP; h++)
+            _mm256_storeu_ps(job->y + (r0 + r) * job->ldy + group * GROUP + 8 * h, acc[r][h]);
+}
+#endif
+
 /* The portable loop: the same sums, one column at a time. */
 static void group_tile_portable(const Int8Job *job, int64_t group, int64_t r0, int tile) {
     const int64_t blocks = job->k / BLOCK, k = job->k;
@@ -194,8 +370,10 @@ static void int8_part(const void *arg, int part, int parts) {
         for (int64_t r0 = 0; r0 < job->rows; r0 += INT8_ROW_TILE) {
             const int tile = (int)(job->rows - r0 < INT8_ROW_TILE ? job->rows - r0
                                                                    : INT8_ROW_TILE);
-#if INT8_VNNI
+#if INT8_PATH == INT8_AVX512_VNNI
             group_tile_vnni(job, group, r0, tile);
+#elif INT8_PATH == INT8_AVX_VNNI || INT8_PATH == INT8_AVX2
+            group_tile_256(job, group, r0, tile);
 #else
             group_tile_portable(job, group, r0, tile);
 #endif
@@ -212,9 +390,11 @@ int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const voi
     QuantizedRows quantized = {malloc((size_t)(rows * k)),
                                malloc(sizeof(float) * (size_t)(rows * blocks)),
                                malloc(sizeof(float) * (size_t)(rows * blocks * 2)),
-                               malloc(sizeof(float) * (size_t)(rows * blocks))};
+                               malloc(sizeof(float) * (size_t)(rows * blocks)),
+                               malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2))};
     int status = 0;
-    if (!quantized.codes || !quantized.scales || !quantized.sums16 || !quantized.sums32) {
+    if (!quantized.codes || !quantized.scales || !quantized.sums16 || !quantized.sums32
+        || !quantized.code_sums16) {
         status = 2;
     } else {
         quantize_rows(x, rows, k, &quantized);
@@ -227,10 +407,12 @@ int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const voi
     free(quantized.scales);
     free(quantized.sums16);
     free(quantized.sums32);
+    free(quantized.code_sums16);
     return status;
 }
 
-/* Whether this build multiplies int8 activations with VNNI (else the portable loop). */
-int int8_vnni(void) {
-    return INT8_VNNI;
+/* Which loop this build multiplies int8 activations with: kernels.h's INT8_* (native.py's
+ * INT8_PATHS). */
+int int8_path(void) {
+    return INT8_PATH;
 }

@@ -13,6 +13,13 @@
 #define BLOCKS_I8_Q4 5     /* the int8-activation forms (block_int8.c): from Q4_1, */
 #define BLOCKS_I8_U8 6     /* from Q8_0 and Q5_1, */
 #define BLOCKS_I8_U8_HALVES 7   /* from Q8_0 halves */
+/* int8_path(): which loop multiplies int8 activations in this build (native.py's
+ * INT8_PATHS). */
+#define INT8_PORTABLE 0
+#define INT8_AVX2 1
+#define INT8_AVX_VNNI 2
+#define INT8_AVX512_VNNI 3
+int int8_path(void);
 int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                     const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                     int num_threads);

@@ -68,4 +68,5 @@ def test_a_capped_library_holds_no_instruction_above_its_level(level, monkeypatc
     for register in FORBIDDEN[level]:
         assert register not in code, f"{level} build uses {register}"
     assert kernels.block_lanes == (8 if level == "avx2" else 1)
-    assert not kernels.int8_vnni and not kernels.has_bf16_gemm
+    assert kernels.int8_path == ("avx2" if level == "avx2" else "portable")
+    assert not kernels.has_bf16_gemm

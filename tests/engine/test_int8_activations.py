@@ -21,6 +21,7 @@ from engine.models.block_weights import BlockLinear
 from engine.models.int8_blocks import to_int8_form
 from tests.engine.test_block_kinds_stack import mixed_path  # noqa: F401 (fixture)
 from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows
+from tests.helpers import cpu_isa, runnable_isa_levels
 
 FORMS = ("Q4_1", "Q8_0", "Q5_1", "Q8_16")
 
@@ -39,7 +40,8 @@ def random_blocks(kind: str, n: int, k: int, seed: int) -> Blocks:
     if kind == "Q5_1":
         return Blocks(kind, torch.randint(0, 32, (n, k), dtype=torch.int8, generator=generator),
                       scales, minima)
-    return Blocks(kind, torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator),
+    low = -32 if kind == "Q8_16" else -128                  # Q8_16 holds Q6_K's q - 32
+    return Blocks(kind, torch.randint(low, -low, (n, k), dtype=torch.int8, generator=generator),
                   scales, None)
 
 
@@ -79,6 +81,27 @@ def test_int8_products_equal_the_quantized_reference(kind, rows):
     assert ((got.double() - want).abs() / size).max() < 1e-5
     exact = x.double() @ blocks.dequantize().double().T      # and int8's own error is small
     assert ((got.double() - exact).norm() / exact.norm()) < 0.02
+
+
+@needs_kernels
+@pytest.mark.parametrize("level", runnable_isa_levels())
+@pytest.mark.parametrize("kind", FORMS)
+def test_every_levels_int8_loop_computes_the_same_products(level, kind):
+    """The AVX2 loop (vpmaddubsw, unsigned codes shifted to signed), AVX-512 VNNI's and
+    the portable one sum the same integers: only the fp32 scaling's order differs."""
+    from engine.kernels import load_native_kernels
+
+    with cpu_isa(level):
+        built = load_native_kernels()
+    blocks = random_blocks(kind, 48, 1024, seed=11)
+    blocks.codes[:, :32] = {"Q4_1": 0xFF, "Q8_16": 31}.get(kind, 127)   # the largest codes
+    blocks.codes[:, 32:64] = {"Q4_1": 0, "Q8_16": -32, "Q5_1": 0}.get(kind, -128)
+    repacked = to_int8_form(blocks)
+    x = torch.randn(9, 1024, generator=torch.Generator().manual_seed(2))
+    x[1, :128] = -x[1, :128].abs()                            # x of one sign on those
+    want, size = quantized_product(x, blocks.dequantize())
+    got = built.gemm(repacked.kind, x, repacked.codes, repacked.scales, repacked.minima)
+    assert ((got.double() - want).abs() / size).max() < 1e-5
 
 
 @needs_kernels
@@ -125,6 +148,12 @@ def test_logits_stay_within_int8_error_of_float32(int8_model, mixed_path):  # no
     divergence = (logprobs.exp() * (logprobs - int8_logprobs)).sum(-1)   # KL per position
     assert 0 < divergence.max() < 0.05            # quantized (not the float32 path), yet close
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
+
+
+@needs_kernels
+def test_the_generic_level_refuses_int8_activations(mixed_path):  # noqa: F811
+    with cpu_isa("generic"), pytest.raises(ValueError, match="generic level.*use dtype float32"):
+        load_model(str(mixed_path), dtype="int8-activations", progress=False)
 
 
 def test_int8_activations_need_a_gguf_file(tiny_models):
