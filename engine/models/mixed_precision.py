@@ -10,7 +10,8 @@ Each decoder projection casts its fp32 input to bf16, multiplies against bf16 we
 (bf16 matmuls run at a multiple of fp32's rate on AVX-512 BF16 CPUs:
 docs/benchmarks.md, The machines) and returns fp32. On a GGUF model with block kernels, steps small enough for them (decode of up to
 BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
-weights, not by arithmetic, so bf16 would not speed them up. The LM head computes
+weights, not by arithmetic, so bf16 would not speed them up. Without the native bf16
+GEMM (CPUs without AVX512-BF16) the blocks keep every step (use_bf16_weights). The LM head computes
 bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32 (capping
 the others below them), so the greedy pick is fp32's whenever fp32's best token is
 among bf16's 16 best, and the likely tokens' logits are fp32's. Keeping the residual stream in fp32
@@ -124,22 +125,28 @@ def use_bf16_weights(model: nn.Module) -> nn.Module:
     """In place: every nn.Linear inside the decoder layers becomes a Bf16WeightLinear,
     every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
     the LM head is a Bf16RescoredHead, and the model asks for a bf16 KV cache. The
-    embedding table stays fp32."""
+    embedding table stays fp32. Where the native bf16 GEMM is not built (CPUs without
+    AVX512-BF16) bf16 products run on torch's loops, slower than the block kernels at
+    every step size: a GGUF's blocks and block head then stay as in float32."""
+    from ..kernels import default_kernels
     from .block_weights import BF16_KERNEL_ROWS, BlockLinear
 
+    kernels = default_kernels()
+    native_bf16 = kernels is not None and kernels.has_bf16_gemm
     for layer in model.layers:
         for parent in layer.modules():
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, Bf16WeightLinear(child))
-                elif isinstance(child, BlockLinear):
+                elif isinstance(child, BlockLinear) and native_bf16:
                     child.use_bf16_dense()
     head = model.lm_head
-    weight = model.embed_tokens.weight if head is None else head.weight
     exact_head = head if isinstance(head, BlockLinear) else None
-    if exact_head is not None:
-        exact_head.max_rows = BF16_KERNEL_ROWS
-    model.use_lm_head(Bf16RescoredHead(weight, exact_head))
+    if exact_head is None or native_bf16:
+        weight = model.embed_tokens.weight if head is None else head.weight
+        if exact_head is not None:
+            exact_head.max_rows = BF16_KERNEL_ROWS
+        model.use_lm_head(Bf16RescoredHead(weight, exact_head))
     model.kv_cache_dtype = torch.bfloat16
     return model
 

@@ -19,7 +19,8 @@ from engine.models.fast_decode import FastDecodeLayer
 from engine.models.mixed_precision import RESCORED_CANDIDATES, Bf16RescoredHead
 
 from engine.models.packed_linear import packing_available
-from tests.helpers import block_kernel_rows, layer_executors, needs_bf16_packing
+from tests.helpers import (block_kernel_rows, cpu_isa, layer_executors, needs_bf16_gemm,
+                           needs_bf16_packing)
 
 from .test_block_weights import random_gguf_bytes
 
@@ -138,6 +139,7 @@ def test_kernels_on_torchs_openmp_threads_give_the_same_numbers(kernels):
 
 
 @pytest.mark.slow
+@needs_bf16_gemm
 def test_default_model_in_bf16_weights_keeps_small_steps_exact():
     """With an fp32 KV cache (the default bf16 one rounds K/V), steps of up to
     BF16_KERNEL_ROWS rows give float32's logprobs."""
@@ -223,3 +225,32 @@ def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
         assert not torch.equal(got, want)
     else:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_without_the_native_bf16_gemm_the_blocks_keep_every_step():
+    """On the AVX2 level (no native bf16 GEMM: bf16 products would run on torch's
+    widening loops, slower than the blocks) bf16-weights keeps a GGUF's blocks and
+    block head as float32 does, and only its KV cache is bf16: with an fp32 cache the
+    logprobs are float32's exactly."""
+    with cpu_isa("avx2"):
+        mixed = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
+        same = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False,
+                          kv_cache_dtype="float32")
+        exact = load_model("smollm2-135m-instruct", progress=False)
+        assert mixed.module.kv_cache_dtype == torch.bfloat16
+        layers = list(mixed.module.layers)
+        projections = [m for layer in layers for m in layer.modules()
+                       if isinstance(m, BlockLinear)]
+        assert len(projections) == 4 * len(layers)
+        assert all(p.weight is None and p.packed is None for p in projections)
+        assert isinstance(mixed.module.lm_head, BlockLinear)
+        prompts = [exact.tokenizer.encode(text) for text in ("The three primary colors are",
+                                                            "def add(a, b):")]
+        config = GenerationConfig(max_new_tokens=16)
+        logprobs = ContinuousBatchingConfig(return_logprobs=True)
+        got = list(same.generate_batch(prompts, config, logprobs).values())
+        want = list(exact.generate_batch(prompts, config, logprobs).values())
+        assert [o.logprobs for o in got] == [o.logprobs for o in want]
+        bf16_cache = list(mixed.generate_batch(prompts, config, logprobs).values())
+        assert [o.generated_tokens for o in bf16_cache] == [o.generated_tokens for o in want]
