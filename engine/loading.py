@@ -368,18 +368,3 @@ def auto_dtype(config: Any, device: torch.device) -> torch.dtype:
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
     return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
-
-
-def parse_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "auto": torch.float32,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-    if dtype is None:
-        return torch.float32
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of "
-                         f"{sorted(names) + ['bf16-weights', 'int8-weights', 'int8-activations']}, "
-                         f"got {dtype!r}")
-    return names[dtype]

@@ -181,9 +181,6 @@ class EngineModel:
         return runner.prompt_logits(batch)
 
 
-KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
 @without_gc
 def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                cache_dir: str | Path | None = None, progress: bool = True,
@@ -211,25 +208,17 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
     each rank uses the GPU of its LOCAL_RANK."""
-    from .loading import (auto_dtype, check_quantization, gguf_source, load_tokenizer,
-                          parse_dtype, read_config, resolve_model_dir)
-    from .models import has_own_code
-
-    from .models.method_choice import choose_linear_methods
-    from .models.mixed_precision import (INT8_ACTIVATION_NAMES, INT8_DTYPE_NAMES,
-                                         MIXED_DTYPE_NAMES)
     from .cpu_threads import release_openmp_pool
+    from .load_plan import dtype_mode
     from .loading import return_freed_memory
+    from .models import has_own_code
+    from .loading import (check_quantization, gguf_source, load_tokenizer, read_config,
+                          resolve_model_dir)
+    from .models.method_choice import choose_linear_methods
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
-    if kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):
-        raise ValueError(f"kv_cache_dtype must be 'auto', 'float32' or 'bfloat16', "
-                         f"got {kv_cache_dtype!r}")
-    mixed, int8 = dtype in MIXED_DTYPE_NAMES, dtype in INT8_DTYPE_NAMES
-    int8_activations = dtype in INT8_ACTIVATION_NAMES
-    torch_dtype = (torch.float32 if mixed or int8_activations else torch.bfloat16 if int8
-                   else parse_dtype(dtype))
+    dtype_mode(dtype)                         # a bad name fails before anything is read
     device = torch.device(device)
     started = time.perf_counter()
     generation_config, tokenizer_loading = None, None
@@ -244,31 +233,24 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         if tokenizer is None:       # importing transformers for it: beside the weights
             tokenizer_loading = _in_background(load_tokenizer, model_dir)
     check_quantization(config)
-    if dtype == "auto":
-        torch_dtype = auto_dtype(config, device)
-    single_cpu = device.type == "cpu" and tp_size == 1
+    plan, native = _plan(dtype, source, config, device, tp_size, block_kernels, kv_cache_dtype,
+                         cache_dir)
+    logger.info("load plan:\n%s", plan.table())
+    kernels = native if plan.block_kernels else None
     if has_own_code(config):
-        kernels = _block_kernels(source, block_kernels, torch_dtype, device, tp_size, cache_dir)
-        if int8_activations and kernels is None:
-            raise ValueError("dtype int8-activations multiplies a GGUF file's blocks with the "
-                             "native CPU kernels: it needs a .gguf model, device cpu, tp_size "
-                             "1 and a C compiler (use float32 otherwise)")
-        if int8_activations and kernels.int8_path == "portable":
-            raise ValueError(f"dtype int8-activations needs int8 vector instructions (AVX2 or "
-                             f"better); the kernels here are built for the {kernels.isa} "
-                             f"level, whose portable int8 loop is many times slower than "
-                             f"float32: use dtype float32")
-        module = _own_family(_read_weights(source, config, progress, kernels, int8_activations),
-                             config, torch_dtype, device, tp_size, cpu_group_timeout, kernels,
-                             dense_table=mixed)
-        choose_linear_methods(module, dtype, pack=single_cpu)
-        if single_cpu:
-            _use_executors(module, cache_dir)
+        module = _own_family(_read_weights(source, config, progress, kernels,
+                                           plan.int8_activations),
+                             config, plan.compute, device, tp_size, cpu_group_timeout, kernels,
+                             dense_table=plan.dtype.name == "bf16-weights")
+        choose_linear_methods(module, plan.dtype.name, pack=device.type == "cpu" and tp_size == 1)
+        if device.type == "cpu" and tp_size == 1 and native is not None:
+            from .models.executor_choice import use_chosen_executors
+
+            use_chosen_executors(module, native)
     else:
-        module = _transformers_family(source, config, mixed or int8 or int8_activations,
-                                      torch_dtype, device, tp_size)
-    if kv_cache_dtype != "auto":
-        module.kv_cache_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+        module = _transformers_family(source, config, plan.compute, device)
+    if plan.kv_cache is not None:
+        module.kv_cache_dtype = plan.kv_cache
     if tokenizer_loading is not None:
         tokenizer = tokenizer_loading.result()
     model = EngineModel(module, config, tokenizer or None, generation_config)
@@ -289,16 +271,24 @@ def _in_background(function, *args) -> concurrent.futures.Future:
     return future
 
 
-def _block_kernels(source, wanted: bool, dtype: torch.dtype, device: torch.device,
-                   tp_size: int, cache_dir):
-    """The native kernels that serve a GGUF file's blocks (float32 on one CPU process),
-    else None."""
-    if not (wanted and isinstance(source, Path) and source.suffix == ".gguf" and tp_size == 1
-            and dtype == torch.float32 and device.type == "cpu"):
-        return None
+def _plan(dtype, source, config, device: torch.device, tp_size: int, block_kernels: bool,
+          kv_cache_dtype: str, cache_dir):
+    """The load plan (load_plan.py) and, on CPU, the native kernels it was made for
+    (None where they cannot be built)."""
     from .kernels import load_native_kernels
+    from .load_plan import CpuKernels, ModelSource, plan_load
+    from .loading import auto_dtype
+    from .models import has_own_code
 
-    return load_native_kernels(Path(cache_dir) if cache_dir else None)
+    native = load_native_kernels(Path(cache_dir) if cache_dir else None) \
+        if device.type == "cpu" else None
+    kind = ("module" if isinstance(source, torch.nn.Module)
+            else "gguf" if source.suffix == ".gguf" else "hf")
+    plan = plan_load(dtype, ModelSource(kind, has_own_code(config), config.model_type),
+                     device.type, tp_size, block_kernels,
+                     None if native is None else CpuKernels.of(native), kv_cache_dtype,
+                     auto_dtype(config, device))
+    return plan, native
 
 
 def _read_weights(source, config, progress: bool, kernels, int8_activations: bool):
@@ -322,7 +312,7 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_si
     CPU, with no dense copy where the blocks serve every step size (unless
     `dense_table`: bf16-weights keeps an fp32 table for its LM head), in whatever
     form `weights` holds them (int8-activation forms where it was read for them).
-    `kernels`: the native kernels that serve a GGUF's blocks (_block_kernels), or None."""
+    `kernels`: the native kernels that serve a GGUF's blocks (the plan's), or None."""
     from .models import build_model
     from .models.block_install import use_blocks
     from .models.gguf_checkpoint import GGUFCheckpoint
@@ -337,36 +327,15 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_si
         skip=use_blocks(model, gguf.blocks, kernels, dense_table)))
 
 
-def _transformers_family(source, config, weights_only_dtype: bool, dtype: torch.dtype,
-                         device: torch.device, tp_size: int):
+def _transformers_family(source, config, dtype: torch.dtype, device: torch.device):
     """A family we have no code for, on transformers' modeling code with the paged
-    attention (models/transformers_path.py)."""
+    attention (models/transformers_path.py); the plan has refused what it cannot do."""
     from .models.transformers_path import load_transformers_model
 
-    if tp_size > 1:
-        raise ValueError(f"model_type {config.model_type!r} runs on transformers' modeling "
-                         "code, which is not sharded: tensor parallelism needs one of "
-                         "our families")
-    if weights_only_dtype:
-        raise ValueError(f"dtypes bf16-weights, int8-weights and int8-activations need one "
-                         f"of our families; model_type "
-                         f"{config.model_type!r} runs on transformers' modeling code "
-                         "(use float32, bfloat16 or float16)")
     module = load_transformers_model(source, dtype, device)
     logger.info("model_type %r runs on transformers' modeling code with the paged "
                 "attention (no native decode kernels)", config.model_type)
     return module
-
-
-def _use_executors(module, cache_dir) -> None:
-    """The layer executors the native kernels offer this model (models/executors.py,
-    executor_choice.py); none where the kernels are not built."""
-    from .kernels import load_native_kernels
-    from .models.executor_choice import use_chosen_executors
-
-    kernels = load_native_kernels(Path(cache_dir) if cache_dir else None)
-    if kernels is not None:
-        use_chosen_executors(module, kernels)
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,

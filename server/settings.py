@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.config import ContinuousBatchingConfig
+from engine.load_plan import DTYPE_NAMES
 
 from .settings_env import EnvValueError, env_name, read_environment
 
@@ -75,8 +76,7 @@ class ServerSettings(BaseModel):
     with one of them (a single string is one key)."""
     open_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_OPEN_PATHS))
     """Routes that need no API key even when keys are set."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-weights",
-                   "int8-weights", "int8-activations"] = "auto"
+    dtype: Literal[DTYPE_NAMES] = "auto"
     """auto: float32 on CPU (exact), the checkpoint's bf16/fp16 on GPUs, else bf16."""
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """KV cache element type: "auto" is bf16 with dtype bf16-weights, else fp32 on CPU

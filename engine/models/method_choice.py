@@ -29,8 +29,7 @@ from torch import nn
 
 from .block_weights import FusedBlockMLP
 from .linear_base import LinearMethod
-from .mixed_precision import (INT8_DTYPE_NAMES, MIXED_DTYPE_NAMES, use_bf16_weights,
-                              use_int8_weights)
+from .mixed_precision import use_bf16_weights, use_int8_weights
 from .packed_linear import PackedLinear, gate_pairs, pack_weight
 from .paired_mlp import use_paired_mlps
 
@@ -44,11 +43,11 @@ PROJECTIONS = {"qkv": lambda layer: layer.self_attn.qkv_proj,
 
 
 def choose_linear_methods(model: nn.Module, dtype: str, pack: bool) -> None:
-    """Give the loaded model the methods of `dtype` (a load_model dtype name) and, with
+    """Give the loaded model the methods of `dtype` (a load_plan.DTYPES name) and, with
     `pack` (single-process CPU), pack its dense weights; then log the table."""
-    if dtype in MIXED_DTYPE_NAMES:
+    if dtype == "bf16-weights":
         use_bf16_weights(model)
-    elif dtype in INT8_DTYPE_NAMES:
+    elif dtype == "int8-weights":
         use_int8_weights(model)
     if pack:
         pack_dense_weights(model)

@@ -36,13 +36,6 @@ import torch.nn.functional as F
 from .linear_base import LinearMethod
 from .packed_linear import pack_in_place, packed_linear
 
-MIXED_DTYPE_NAMES = ("bf16-weights", "bfloat16-weights")
-INT8_DTYPE_NAMES = ("int8-weights",)
-INT8_ACTIVATION_NAMES = ("int8-activations",)
-"""A GGUF's blocks against int8 activations (models/int8_blocks.py): fp32 everywhere
-else, no dense weights."""
-
-
 class Bf16WeightLinear(LinearMethod):
     """A linear layer with bf16 weights and fp32 (or any) activations."""
 
