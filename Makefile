@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvserve-installed
 
-.PHONY: install test serve clean browser
+.PHONY: install test serve clean browser arm-tools test-arm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 
 install: $(STAMP)
 
-test: $(STAMP) browser
+test: $(STAMP) browser arm-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Headless Chromium for the chat page's tests (tests/server/test_web_ui.py): Debian's
@@ -41,6 +41,25 @@ browser:
 	  echo "chromedriver missing and not root: the browser tests will be skipped" \
 	       "(apt-get install chromium chromium-driver)"; \
 	fi
+
+# A cross compiler and qemu-user for the AArch64 builds of the native kernels
+# (tests/native/run_arm_checks.py, tests/engine/test_arm_build.py): Debian's packages,
+# installed when missing and we are root (CI); otherwise those checks are skipped.
+ARM_PACKAGES := gcc-aarch64-linux-gnu qemu-user-static libc6-dev-arm64-cross
+arm-tools:
+	@(command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64-static \
+	  && [ -d /usr/aarch64-linux-gnu/lib ]) >/dev/null || if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq $(ARM_PACKAGES); \
+	else \
+	  echo "aarch64 cross compiler or qemu missing and not root: the ARM kernel checks" \
+	       "will be skipped (apt-get install $(ARM_PACKAGES))"; \
+	fi
+
+# The native kernels built for each AArch64 ISA level (isa.py) and checked under qemu
+# against the generic level (tests/native/check_kernels.c).
+test-arm: $(STAMP) arm-tools
+	$(BIN)/python tests/native/run_arm_checks.py
 
 serve: $(STAMP)
 	$(BIN)/python -m server --model $(MODEL) --host $(HOST) --port $(PORT)

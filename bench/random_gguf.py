@@ -129,21 +129,24 @@ def main(argv=None) -> None:
     parser.add_argument("--embedding-kind", default="Q8_0")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quantize", default=None, help="a llama-quantize type, e.g. Q4_K_M")
+    parser.add_argument("--llama-isa", choices=("native", "avx2"), default="native",
+                        help="which llama.cpp build's llama-quantize (bench.llama_cpp --isa)")
     args = parser.parse_args(argv)
     shape = LlamaShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads)
     started = time.perf_counter()
     if args.quantize is None:
         write_random_gguf(args.path, shape, args.kind, args.embedding_kind, args.seed)
     else:
-        quantized(args.path, shape, args.quantize, args.seed)
+        quantized(args.path, shape, args.quantize, args.seed, args.llama_isa)
     print(f"wrote {args.path} in {time.perf_counter() - started:.0f} s")
 
 
-def quantized(path: str, shape: LlamaShape, kind: str, seed: int) -> None:
-    """A random Q8_0 file turned into `kind` by llama.cpp's llama-quantize."""
+def quantized(path: str, shape: LlamaShape, kind: str, seed: int, isa: str = "native") -> None:
+    """A random Q8_0 file turned into `kind` by llama.cpp's llama-quantize (of the
+    bench.llama_cpp build for `isa`)."""
     from .llama_cpp import llama_server
 
-    quantize = llama_server(tool="llama-quantize")
+    quantize = llama_server(tool="llama-quantize", isa=isa)
     with tempfile.TemporaryDirectory(dir=Path(path).resolve().parent) as staging:
         source = Path(staging) / "q8_0.gguf"
         write_random_gguf(str(source), shape, "Q8_0", "Q8_0", seed)

@@ -95,13 +95,15 @@ int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
 }
 
 /* Lanes of the vectors this build's block kernels use: 16 (AVX-512), 8 (AVX2 and
- * FMA) or 1 (the portable loop). Where the kernels stop beating the dense matmuls
- * depends on it (models/block_weights.py). */
+ * FMA), 4 (AArch64's NEON) or 1 (the portable loop). Where the kernels stop beating
+ * the dense matmuls depends on it (models/block_weights.py). */
 int block_gemm_lanes(void) {
 #if defined(__AVX512F__)
     return 16;
 #elif defined(__AVX2__) && defined(__FMA__)
     return 8;
+#elif ROWS_NEON
+    return 4;
 #else
     return 1;
 #endif

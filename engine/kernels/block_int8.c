@@ -2,7 +2,8 @@
  * for W in GGUF-style blocks of 32, with x quantized per block of 32 to int8 (a scale
  * per block, absmax / 127, as llama.cpp's Q8 activations) and the products summed in
  * int32 by VNNI's `vpdpbusd` (64 byte products per instruction against fp32's 16
- * FMAs), one fp32 conversion and scaling per block.
+ * FMAs; AArch64: `sdot`, or NEON's widening multiplies, block_int8_neon.h), one fp32
+ * conversion and scaling per block.
  *
  * The weights are repacked at load (int8_repack) from the forms block_rows.h reads
  * into groups of 16 columns, lane j of a vector holding column j of the group:
@@ -38,6 +39,13 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INT8_PATH INT8_AVX2
+/* AArch64 (its NEON has the widening and pairwise adds the tile uses; KVSERVE_PLAIN_C:
+ * the ARM generic level keeps to the portable loop): block_int8_neon.h */
+#elif defined(__ARM_NEON) && defined(__aarch64__) && !defined(KVSERVE_PLAIN_C) \
+    && defined(__ARM_FEATURE_DOTPROD)
+#define INT8_PATH INT8_DOTPROD
+#elif defined(__ARM_NEON) && defined(__aarch64__) && !defined(KVSERVE_PLAIN_C)
+#define INT8_PATH INT8_NEON
 #else
 #define INT8_PATH INT8_PORTABLE
 #endif
@@ -326,8 +334,13 @@ static void group_tile_256(const Int8Job *job, int64_t group, int64_t r0, int ti
 }
 #endif
 
-/* The portable loop: the same sums, one column at a time. */
-static void group_tile_portable(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+#if INT8_PATH == INT8_NEON || INT8_PATH == INT8_DOTPROD
+#include "block_int8_neon.h"         /* group_tile_neon */
+#endif
+
+/* The portable loop: the same sums, one column at a time (unused by the vector
+ * builds). */
+static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int64_t group, int64_t r0, int tile) {
     const int64_t blocks = job->k / BLOCK, k = job->k;
     const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
     const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
@@ -374,6 +387,8 @@ static void int8_part(const void *arg, int part, int parts) {
             group_tile_vnni(job, group, r0, tile);
 #elif INT8_PATH == INT8_AVX_VNNI || INT8_PATH == INT8_AVX2
             group_tile_256(job, group, r0, tile);
+#elif INT8_PATH == INT8_NEON || INT8_PATH == INT8_DOTPROD
+            group_tile_neon(job, group, r0, tile);
 #else
             group_tile_portable(job, group, r0, tile);
 #endif

@@ -18,7 +18,8 @@
  * for up to ROW_TILE rows of x (a tile), and a tile meets a chunk of columns one after
  * another (q4_columns).
  * AVX-512 vectors of 16 lanes (block_rows_avx512.h), else AVX2 (with FMA) of 8, else
- * a portable loop.
+ * AArch64's NEON of 4 (block_rows_neon.h; not the ARM generic level, KVSERVE_PLAIN_C),
+ * else a portable loop.
  */
 #ifndef KVSERVE_BLOCK_ROWS_H
 #define KVSERVE_BLOCK_ROWS_H
@@ -30,6 +31,11 @@
 #include "worker_pool.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__ARM_NEON) && defined(__aarch64__) && !defined(KVSERVE_PLAIN_C)
+#define ROWS_NEON 1
+#else
+#define ROWS_NEON 0
 #endif
 
 #define BLOCK 32
@@ -51,6 +57,9 @@ static inline void prefetch_line(const void *at) {
 
 #ifdef __AVX512F__
 #include "block_rows_avx512.h"
+#endif
+#if ROWS_NEON
+#include "block_rows_neon.h"
 #endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -129,6 +138,9 @@ static inline __attribute__((always_inline)) void q4_rows_impl(
         for (int j = 1; j < chains; j++) total = _mm256_add_ps(total, acc[r][j]);
         y[r * n] = sum8(total);
     }
+#elif ROWS_NEON
+    (void)xsum;
+    q4_rows_neon(q, d, m, x, blocks, k, rows, y, n);
 #else
     for (int64_t r = 0; r < rows; r++) {
         float total = 0.0f;
@@ -193,6 +205,8 @@ static inline __attribute__((always_inline)) void q8_rows_impl(
         }
     }
     for (int64_t r = 0; r < rows; r++) y[r * n] = sum8(acc[r]);
+#elif ROWS_NEON
+    q8_rows_neon(q, d, x, blocks, k, rows, y, n, halves);
 #else
     const int group = halves ? 16 : BLOCK;
     for (int64_t r = 0; r < rows; r++) {
@@ -256,6 +270,9 @@ void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const v
 void block_panel_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                       const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                       int num_threads);
+#elif ROWS_NEON
+#define Q4_SUMS_ROWS 0          /* NEON: the minima are in the dequantized weights */
+#define PANEL_KERNELS 0
 #else
 #define Q4_SUMS_ROWS ROW_TILE   /* the portable loop: every tile */
 #define PANEL_KERNELS 0

@@ -19,6 +19,8 @@
 #define INT8_AVX2 1
 #define INT8_AVX_VNNI 2
 #define INT8_AVX512_VNNI 3
+#define INT8_NEON 4         /* AArch64: NEON's widening multiplies */
+#define INT8_DOTPROD 5      /* AArch64 with the dotprod extension: sdot */
 int int8_path(void);
 int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                     const float *d, const float *m, int64_t n, float *y, int64_t ldy,

@@ -44,7 +44,8 @@ GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q5_0": 3, "Q5_1": 4, "Q8_0": 5, "Q4_K": 6, 
               "Q6_K": 8}
 """The GGUF types parse_gguf reads (block_parse.c's GGUF_*)."""
 
-INT8_PATHS = {0: "portable", 1: "avx2", 2: "avx_vnni", 3: "avx512_vnni"}
+INT8_PATHS = {0: "portable", 1: "avx2", 2: "avx_vnni", 3: "avx512_vnni", 4: "neon",
+              5: "dotprod"}
 """int8_path()'s codes (kernels.h's INT8_*): the int8-activation kernels' loop."""
 
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
@@ -92,11 +93,13 @@ class NativeKernels:
         if self.has_bf16_gemm:
             self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
         self.block_lanes = int(library.block_gemm_lanes())
-        """16 (AVX-512), 8 (AVX2) or 1: the vectors of the block kernels (block_gemm.c)."""
+        """16 (AVX-512), 8 (AVX2), 4 (AArch64's NEON) or 1: the vectors of the block
+        kernels (block_gemm.c)."""
         self.int8_path = INT8_PATHS[library.int8_path()]
         """The loop of the int8-activation kernels (block_int8.c): "avx512_vnni",
-        "avx_vnni", "avx2" or "portable" (correct, but many times slower than
-        float32's kernels: load_model refuses int8-activations on it)."""
+        "avx_vnni", "avx2", "dotprod" or "neon" (AArch64), or "portable" (correct, but
+        many times slower than float32's kernels: load_model refuses int8-activations
+        on it)."""
         entry_points = openmp_entry_points()
         if entry_points is not None:
             library.set_openmp_runtime(*entry_points)

@@ -1,0 +1,1 @@
+"""Checks of the native kernel library built for other ISAs (run_arm_checks.py)."""
