@@ -1,0 +1,207 @@
+/* The int8-activation group tile on 256-bit x86 vectors (block_int8.c's INT8_AVX2 and
+ * INT8_AVX_VNNI paths; included there after Int8Job, whose layout it reads).
+ *
+ * A group's 16 columns are two halves of 8 lanes: bytes 0-31 and 32-63 of each 64-byte
+ * vector of the repacked layout (block_int8.c's header). With AVX-VNNI `vpdpbusd` sums
+ * the unsigned codes times x's bytes as on AVX-512. AVX2 has `vpmaddubsw` (pairs of
+ * unsigned x signed bytes into int16, saturating) and `vpmaddwd` (pairs of int16 into
+ * int32):
+ *   - Q4 codes (0..15) times x (|x| <= 127): a pair sums to at most 3,810, so all 8
+ *     dwords of a block (both its halves: the Q4 form has one scale per block) are
+ *     summed in int16 and widened once;
+ *   - the halves form holds only Q6_K's codes (q - 32 + 128: 96..159), so c - 96
+ *     (0..63) is a `vpmaddubsw` operand itself, two dwords' pairs still fit int16, and
+ *     96 * sum(x) is added back;
+ *   - other unsigned codes (Q8_0's c + 128, Q5's 0..31) would overflow a pair: they are
+ *     shifted to signed (c - 128, at most 128 in size) and multiplied by sign trick,
+ *     |c - 128| times x with c - 128's sign, and 128 * sum(x) is added back.
+ * The integers are the portable loop's, so only the fp32 scaling's order differs.
+ *
+ * The form and the tile's rows are compile-time constants in each instance
+ * (group_tile_256 dispatches), so the row loop unrolls and no branch is left inside.
+ */
+#ifndef KVSERVE_BLOCK_INT8_256_H
+#define KVSERVE_BLOCK_INT8_256_H
+
+#include <immintrin.h>
+
+enum { FORM_Q4, FORM_U8, FORM_U8_HALVES };
+
+/* acc + the dword sums of w's unsigned bytes times x's signed ones (AVX-VNNI). */
+#if INT8_PATH == INT8_AVX_VNNI
+#define DOT_U8(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
+#endif
+
+static inline __m256i widen_pairs(__m256i pairs16) {
+    return _mm256_madd_epi16(pairs16, _mm256_set1_epi16(1));
+}
+
+/* One block's weights of half h: w[t] pairs with x's dword t (Q4: t < 4 the low
+ * nibbles, t >= 4 the high ones). On AVX2 the halves form is c - 96 and the U8 form
+ * |c - 128| in w with c - 128 in `sign`. */
+static inline __attribute__((always_inline)) void unpack_half(
+        const uint8_t *qb, int h, const int form, __m256i *w, __m256i *sign) {
+    if (form == FORM_Q4) {
+        const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+        for (int t = 0; t < 4; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * t + 32 * h));
+            w[t] = _mm256_and_si256(v, low_nibbles);
+            w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+        }
+        return;
+    }
+    for (int t = 0; t < 8; t++) {
+        w[t] = _mm256_loadu_si256((const __m256i *)(qb + 64 * t + 32 * h));
+#if INT8_PATH == INT8_AVX2
+        if (form == FORM_U8_HALVES) {
+            w[t] = _mm256_sub_epi8(w[t], _mm256_set1_epi8(96));
+        } else {
+            sign[t] = _mm256_xor_si256(w[t], _mm256_set1_epi8((char)0x80));
+            w[t] = _mm256_abs_epi8(sign[t]);
+        }
+#else
+        (void)sign;
+#endif
+    }
+}
+
+/* The int32 sums of one row's block against one half: elements 0-15 into *low, 16-31
+ * into *high (Q4: all 32 into *low, *high zero). xq: the row's block as 8 dwords;
+ * code_sums: its two integer sums per 16. */
+static inline __attribute__((always_inline)) void row_sums(
+        const __m256i *w, const __m256i *sign, const int32_t *xq, const int32_t *code_sums,
+        const int form, __m256i *low, __m256i *high) {
+    __m256i x[8];
+    for (int t = 0; t < 8; t++) x[t] = _mm256_set1_epi32(xq[t]);
+#if INT8_PATH == INT8_AVX_VNNI
+    (void)sign, (void)code_sums;
+    __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+        a = DOT_U8(a, w[t], x[t]);
+        c = DOT_U8(c, w[4 + t], x[4 + t]);
+    }
+    if (form == FORM_Q4) a = _mm256_add_epi32(a, c), c = _mm256_setzero_si256();
+    *low = a;
+    *high = c;
+#else
+    if (form == FORM_Q4) {
+        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x[0]),
+                                     _mm256_maddubs_epi16(w[1], x[1]));
+        for (int t = 2; t < 8; t++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[t], x[t]));
+        *low = widen_pairs(s);
+        *high = _mm256_setzero_si256();
+        return;
+    }
+    const int offset = form == FORM_U8_HALVES ? 96 : 128;
+    __m256i half[2];
+    for (int part = 0; part < 2; part++) {
+        const __m256i *wp = w + 4 * part, *xp = x + 4 * part;
+        __m256i a = _mm256_set1_epi32(offset * code_sums[part]);
+        if (form == FORM_U8_HALVES) {
+            a = _mm256_add_epi32(a, widen_pairs(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(wp[0], xp[0]), _mm256_maddubs_epi16(wp[1], xp[1]))));
+            a = _mm256_add_epi32(a, widen_pairs(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(wp[2], xp[2]), _mm256_maddubs_epi16(wp[3], xp[3]))));
+        } else {
+            const __m256i *sp = sign + 4 * part;
+            for (int t = 0; t < 4; t++)
+                a = _mm256_add_epi32(a, widen_pairs(_mm256_maddubs_epi16(
+                        wp[t], _mm256_sign_epi8(xp[t], sp[t]))));
+        }
+        half[part] = a;
+    }
+    *low = half[0];
+    *high = half[1];
+#endif
+}
+
+/* One group of 16 columns against `tile` rows (from row r0), all blocks; each half's
+ * weights are unpacked once per block for the tile's rows. */
+static inline __attribute__((always_inline)) void group_tile_256_form(
+        const Int8Job *job, int64_t group, int64_t r0, const int tile, const int form) {
+    const int64_t blocks = job->k / BLOCK, k = job->k;
+    const int64_t block_bytes = form == FORM_Q4 ? 256 : 512;
+    const int64_t scales_per_block = form == FORM_U8_HALVES ? 2 : 1;
+    const uint8_t *q = job->q + group * blocks * block_bytes;
+    const float *d = job->d + group * blocks * scales_per_block * GROUP;
+    const float *m = job->m + group * blocks * scales_per_block * GROUP;
+    const int8_t *codes = job->x->codes + r0 * k;
+    const float *scales = job->x->scales + r0 * blocks, *sums16 = job->x->sums16 + r0 * 2 * blocks;
+    const float *sums32 = job->x->sums32 + r0 * blocks;
+    const int32_t *code_sums = job->x->code_sums16 + r0 * 2 * blocks;
+    __m256 acc[INT8_ROW_TILE][2];
+    for (int r = 0; r < tile; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *qb = q + b * block_bytes;
+        _mm_prefetch((const char *)(qb + 8 * block_bytes), _MM_HINT_T0);
+        _mm_prefetch((const char *)(qb + 8 * block_bytes + 64), _MM_HINT_T0);
+        const float *db = d + b * scales_per_block * GROUP, *mb = m + b * scales_per_block * GROUP;
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], sign[8];
+            unpack_half(qb, h, form, w, sign);
+            const __m256 d0 = _mm256_loadu_ps(db + 8 * h), m0 = _mm256_loadu_ps(mb + 8 * h);
+            for (int r = 0; r < tile; r++) {
+                __m256i low, high;
+                row_sums(w, sign, (const int32_t *)(codes + r * k + b * BLOCK),
+                         code_sums + r * 2 * blocks + 2 * b, form, &low, &high);
+                const __m256 scale = _mm256_broadcast_ss(scales + r * blocks + b);
+                if (form == FORM_U8_HALVES) {
+                    const __m256 d1 = _mm256_loadu_ps(db + GROUP + 8 * h);
+                    const __m256 m1 = _mm256_loadu_ps(mb + GROUP + 8 * h);
+                    const float *s16 = sums16 + r * 2 * blocks + 2 * b;
+                    __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low),
+                                               _mm256_mul_ps(d0, scale), acc[r][h]);
+                    a = _mm256_fmadd_ps(m0, _mm256_broadcast_ss(s16), a);
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(d1, scale), a);
+                    acc[r][h] = _mm256_fmadd_ps(m1, _mm256_broadcast_ss(s16 + 1), a);
+                } else {
+                    const __m256i total = form == FORM_Q4 ? low : _mm256_add_epi32(low, high);
+                    const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
+                                                     _mm256_mul_ps(d0, scale), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(m0, _mm256_broadcast_ss(sums32 + r * blocks + b),
+                                                a);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < tile; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(job->y + (r0 + r) * job->ldy + group * GROUP + 8 * h, acc[r][h]);
+}
+
+/* Instances per form with the tile's rows constant: full tiles of INT8_ROW_TILE, and
+ * a step's remainder (or a decode step of a few rows) by its own count. */
+#define TILE_CASES(form)                                                              \
+    switch (tile) {                                                                   \
+    case 1: group_tile_256_form(job, group, r0, 1, form); break;                      \
+    case 2: group_tile_256_form(job, group, r0, 2, form); break;                      \
+    case 3: group_tile_256_form(job, group, r0, 3, form); break;                      \
+    case 4: group_tile_256_form(job, group, r0, 4, form); break;                      \
+    case 5: group_tile_256_form(job, group, r0, 5, form); break;                      \
+    case 6: group_tile_256_form(job, group, r0, 6, form); break;                      \
+    case 7: group_tile_256_form(job, group, r0, 7, form); break;                      \
+    default: group_tile_256_form(job, group, r0, INT8_ROW_TILE, form);                \
+    }
+
+static __attribute__((noinline)) void group_tile_256_q4(const Int8Job *job, int64_t group,
+                                                        int64_t r0, int tile) {
+    TILE_CASES(FORM_Q4)
+}
+
+static __attribute__((noinline)) void group_tile_256_u8(const Int8Job *job, int64_t group,
+                                                        int64_t r0, int tile) {
+    TILE_CASES(FORM_U8)
+}
+
+static __attribute__((noinline)) void group_tile_256_halves(const Int8Job *job, int64_t group,
+                                                            int64_t r0, int tile) {
+    TILE_CASES(FORM_U8_HALVES)
+}
+
+static void group_tile_256(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+    if (job->kind == BLOCKS_I8_Q4) group_tile_256_q4(job, group, r0, tile);
+    else if (job->kind == BLOCKS_I8_U8_HALVES) group_tile_256_halves(job, group, r0, tile);
+    else group_tile_256_u8(job, group, r0, tile);
+}
+
+#endif
