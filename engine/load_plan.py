@@ -111,6 +111,9 @@ class LoadPlan:
     """A GGUF's blocks multiplied by the native kernels (BlockLinear)."""
     int8_activations: bool
     """The blocks repacked for int8 activations (models/int8_blocks.py)."""
+    dense_table: bool
+    """The GGUF's embedding table also kept dense in fp32, for bf16-weights' LM head
+    (its bf16 logits' top candidates redone in fp32)."""
     projections: str
     head: str
     kv_cache: torch.dtype | None
@@ -156,7 +159,8 @@ def plan_load(dtype: str | torch.dtype | None, source: ModelSource, device: str,
         _check_int8_activations(on_blocks, kernels)
     projections, head = _methods(mode, compute, source, on_blocks, kernels)
     kv = KV_CACHE_DTYPES[kv_cache_dtype] if kv_cache_dtype != "auto" else mode.kv_cache
-    return LoadPlan(mode, compute, device, tp_size, on_blocks, mode.gguf_cpu_only,
+    dense_table = on_blocks and mode.name == "bf16-weights" and kernels.has_bf16_gemm
+    return LoadPlan(mode, compute, device, tp_size, on_blocks, mode.gguf_cpu_only, dense_table,
                     projections, head, kv,
                     kernels.isa if kernels is not None and device == "cpu" else None)
 
