@@ -30,7 +30,9 @@ class DtypeMode:
     chosen per device). `own_family_only`: needs one of our model families (weights
     replaced per projection); `gguf_cpu_only`: needs a GGUF's blocks on the native
     CPU kernels. `kv_cache`: its default KV cache dtype (None: the compute dtype on
-    accelerators, fp32 on CPU)."""
+    accelerators, fp32 on CPU). `weights`: the weights its projections take
+    (method_choice.py): "bf16" (Bf16WeightLinear), "int8" (Int8WeightLinear) or None
+    (the checkpoint's, in the compute dtype, or a GGUF's blocks)."""
 
     name: str
     aliases: tuple[str, ...]
@@ -38,6 +40,7 @@ class DtypeMode:
     own_family_only: bool = False
     gguf_cpu_only: bool = False
     kv_cache: torch.dtype | None = None
+    weights: Literal["bf16", "int8"] | None = None
 
 
 DTYPES = (
@@ -46,8 +49,8 @@ DTYPES = (
     DtypeMode("bfloat16", ("bf16",), torch.bfloat16),
     DtypeMode("float16", ("fp16", "half"), torch.float16),
     DtypeMode("bf16-weights", ("bfloat16-weights",), torch.float32, own_family_only=True,
-              kv_cache=torch.bfloat16),
-    DtypeMode("int8-weights", (), torch.bfloat16, own_family_only=True),
+              kv_cache=torch.bfloat16, weights="bf16"),
+    DtypeMode("int8-weights", (), torch.bfloat16, own_family_only=True, weights="int8"),
     DtypeMode("int8-activations", (), torch.float32, own_family_only=True,
               gguf_cpu_only=True),
 )
@@ -159,7 +162,7 @@ def plan_load(dtype: str | torch.dtype | None, source: ModelSource, device: str,
         _check_int8_activations(on_blocks, kernels)
     projections, head = _methods(mode, compute, source, on_blocks, kernels)
     kv = KV_CACHE_DTYPES[kv_cache_dtype] if kv_cache_dtype != "auto" else mode.kv_cache
-    dense_table = on_blocks and mode.name == "bf16-weights" and kernels.has_bf16_gemm
+    dense_table = on_blocks and mode.weights == "bf16" and kernels.has_bf16_gemm
     return LoadPlan(mode, compute, device, tp_size, on_blocks, mode.gguf_cpu_only, dense_table,
                     projections, head, kv,
                     kernels.isa if kernels is not None and device == "cpu" else None)
@@ -201,17 +204,17 @@ def _methods(mode: DtypeMode, compute: torch.dtype, source: ModelSource, on_bloc
         if mode.gguf_cpu_only:
             blocks = f"GGUF blocks in int8 forms, int8 activations ({kernels.int8_path} loop)"
             return blocks, blocks
-        if mode.name == "bf16-weights" and kernels.has_bf16_gemm:
+        if mode.weights == "bf16" and kernels.has_bf16_gemm:
             small = f"GGUF blocks up to {BF16_KERNEL_ROWS} rows"
             return f"{small}, bf16 weights past them (native bf16 GEMM)", f"{small}; {rescored}"
         blocks = f"GGUF blocks, fp32 activations ({kernels.block_lanes} lanes)"
-        if mode.name == "bf16-weights":      # no native bf16 GEMM: torch's is slower
+        if mode.weights == "bf16":          # no native bf16 GEMM: torch's is slower
             blocks += "; no bf16 copy: no native bf16 GEMM at this level"
         return blocks, blocks
     made = ", dequantized from the GGUF's blocks" if source.kind == "gguf" else ""
-    if mode.name == "bf16-weights":
+    if mode.weights == "bf16":
         return f"bf16 weights{made}, fp32 activations", rescored
-    if mode.name == "int8-weights":
+    if mode.weights == "int8":
         made = ", requantized from the GGUF's blocks" if source.kind == "gguf" else ""
         return f"int8 weights per channel{made}, bf16 activations", "int8 weights per channel"
     return f"dense {_name(compute)}{made}", f"dense {_name(compute)}"

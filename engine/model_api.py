@@ -242,7 +242,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                                            plan.int8_activations),
                              config, plan.compute, device, tp_size, cpu_group_timeout, kernels,
                              dense_table=plan.dense_table)
-        choose_linear_methods(module, plan.dtype.name, pack=device.type == "cpu" and tp_size == 1)
+        choose_linear_methods(module, plan.dtype.weights,
+                              pack=device.type == "cpu" and tp_size == 1)
         if device.type == "cpu" and tp_size == 1 and native is not None:
             from .models.executor_choice import use_chosen_executors
 

@@ -42,12 +42,13 @@ PROJECTIONS = {"qkv": lambda layer: layer.self_attn.qkv_proj,
 """A decoder layer's projections by kind."""
 
 
-def choose_linear_methods(model: nn.Module, dtype: str, pack: bool) -> None:
-    """Give the loaded model the methods of `dtype` (a load_plan.DTYPES name) and, with
-    `pack` (single-process CPU), pack its dense weights; then log the table."""
-    if dtype == "bf16-weights":
+def choose_linear_methods(model: nn.Module, weights: str | None, pack: bool) -> None:
+    """Give the loaded model the methods of its dtype's `weights` (load_plan.DtypeMode:
+    "bf16", "int8" or None) and, with `pack` (single-process CPU), pack its dense
+    weights; then log the table."""
+    if weights == "bf16":
         use_bf16_weights(model)
-    elif dtype == "int8-weights":
+    elif weights == "int8":
         use_int8_weights(model)
     if pack:
         pack_dense_weights(model)
