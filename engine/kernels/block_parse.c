@@ -21,10 +21,6 @@
 #define BLOCK 32
 #define GROUP 16
 
-/* GGUF types (models/block_formats.py's BYTES_PER_BLOCK, native.py's GGUF_TYPES). */
-enum { GGUF_Q4_0 = 1, GGUF_Q4_1, GGUF_Q5_0, GGUF_Q5_1, GGUF_Q8_0, GGUF_Q4_K, GGUF_Q5_K,
-       GGUF_Q6_K };
-
 typedef struct {
     uint8_t bytes[BLOCK];        /* Q4_1 form: 16 bytes, element j low, j + 16 high */
     float d[2], m[2];            /* [1]: Q8_16's second 16 weights */

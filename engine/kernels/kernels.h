@@ -4,15 +4,11 @@
 
 #include <stdint.h>
 
+#include "block_types.h"   /* BLOCKS_* and GGUF_* codes, from block_types.py */
+
 /* block_gemm.c: y[rows, n] (row stride ldy) = x[rows, k] @ W^T for W in blocks of
- * one kind (see there); q4_gemm for Q4_1 blocks with ldy = n. */
-#define BLOCKS_Q4 1
-#define BLOCKS_Q8 2
-#define BLOCKS_Q8_HALVES 3
-#define BLOCKS_Q5 4        /* codes 0..31 a byte each, a scale and a minimum per 32 */
-#define BLOCKS_I8_Q4 5     /* the int8-activation forms (block_int8.c): from Q4_1, */
-#define BLOCKS_I8_U8 6     /* from Q8_0 and Q5_1, */
-#define BLOCKS_I8_U8_HALVES 7   /* from Q8_0 halves */
+ * one kind (BLOCKS_*, block_types.py's KERNEL_FORMS); q4_gemm for Q4_1 blocks with
+ * ldy = n. */
 /* int8_path(): which loop multiplies int8 activations in this build (native.py's
  * INT8_PATHS). */
 #define INT8_PORTABLE 0

@@ -11,6 +11,7 @@ import threading
 import torch
 
 from ..cpu_threads import openmp_entry_points
+from .block_types import BLOCK_KINDS, PARSE_CODES
 
 
 _ARGUMENT_TYPES = {"p": ctypes.c_void_p, "s": ctypes.c_int64, "i": ctypes.c_int,
@@ -31,18 +32,6 @@ SIGNATURES = {
     "parse_gguf_rows": "ipssspispppi",
 }
 
-
-BLOCK_KINDS = {"Q4_1": 1, "Q8_0": 2, "Q8_16": 3, "Q5_1": 4, "I8_Q4": 5, "I8_U8": 6,
-               "I8_U8_16": 7}
-"""block_gemm's weight kinds (kernels.h's BLOCKS_*): Q4_1 4-bit codes with a scale and
-a minimum per 32 weights; Q8_0 int8 codes with a scale per 32; Q8_16 int8 codes with a
-scale per 16 (GGUF's Q6_K converted, models/block_formats.py); Q5_1 codes 0..31 a byte
-each with a scale and a minimum per 32 (GGUF's Q5_1 and Q5_K); and the forms of
-dtype int8-activations, repacked from those (models/int8_blocks.py)."""
-
-GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q5_0": 3, "Q5_1": 4, "Q8_0": 5, "Q4_K": 6, "Q5_K": 7,
-              "Q6_K": 8}
-"""The GGUF types parse_gguf reads (block_parse.c's GGUF_*)."""
 
 INT8_PATHS = {0: "portable", 1: "avx2", 2: "avx_vnni", 3: "avx512_vnni", 4: "neon",
               5: "dotprod"}
@@ -125,13 +114,13 @@ class NativeKernels:
 
     def parse_gguf(self, kind: str, raw: torch.Tensor, out, start: int,
                    order: torch.Tensor | None) -> None:
-        """GGUF bytes raw [N, row bytes] uint8 of type `kind` (GGUF_TYPES) into rows
+        """GGUF bytes raw [N, row bytes] uint8 of type `kind` (block_types.PARSE_CODES) into rows
         [start, start + N) of `out` (models/block_formats.py's Blocks or int8_blocks.py's
         Int8Blocks, contiguous), row i from raw's row order[i] (int64) when given:
         block_formats.parse_blocks's values, in one pass (block_parse.c)."""
         rows, row_bytes = raw.shape
         status = self._library.parse_gguf_rows(
-            GGUF_TYPES[kind], raw.data_ptr(), rows, out.shape[1], row_bytes,
+            PARSE_CODES[kind], raw.data_ptr(), rows, out.shape[1], row_bytes,
             None if order is None else order.data_ptr(), BLOCK_KINDS[out.kind], start,
             out.codes.data_ptr(), out.scales.data_ptr(),
             None if out.minima is None else out.minima.data_ptr(), self.num_threads)

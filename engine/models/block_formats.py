@@ -46,14 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.block_types import BYTES_PER_BLOCK, FORM_OF  # noqa: F401 (the one table)
+
 BLOCK = 32
 SUPER_BLOCK = 256
-BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
-                   "Q5_K": 176, "Q6_K": 210}
-"""Bytes per block of each GGUF type read here (256 weights for the K types, else 32)."""
-FORM_OF = {"Q4_0": "Q4_1", "Q4_1": "Q4_1", "Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q5_1": "Q5_1",
-           "Q5_K": "Q5_1", "Q8_0": "Q8_0", "Q6_K": "Q8_16"}
-"""The kernel form each GGUF type is read into."""
 
 
 @dataclass

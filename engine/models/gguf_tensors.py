@@ -26,13 +26,11 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ..kernels.block_types import GGML_TYPES
+
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """Bytes of each fixed-size metadata value type (8 is a string, 9 an array)."""
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
-GGML_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
-              8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-              14: ("Q6_K", 256, 210)}
-"""The block types read here: ggml type id -> (name, weights per block, bytes per block)."""
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.block_types import INT8_FORM_OF
 from .block_formats import BLOCK, Blocks
 
-INT8_FORM_OF = {"Q4_1": "I8_Q4", "Q8_0": "I8_U8", "Q5_1": "I8_U8", "Q8_16": "I8_U8_16"}
-"""The int8-activation form each kernel form is repacked into."""
 LANES = 16
 """Columns per group: the lanes of the kernels' vectors."""
 

@@ -1,0 +1,99 @@
+"""The one table of block types: the GGUF types the loader reads and the kernel forms
+they are read into, with the codes the C kernels know them by.
+
+Python reads it through the derived dicts below (gguf_tensors.py, block_formats.py,
+int8_blocks.py, native.py import them from here); C reads `block_types.h`, written
+from this table (`python -m engine.kernels.block_types` rewrites it;
+tests/engine/test_block_types.py fails when the two differ). Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GgufType:
+    """A GGUF block type: its name, the file's type id (ggml's), weights and bytes per
+    block, the kernel form it is read into, and block_parse.c's code for it."""
+
+    name: str
+    ggml_type: int
+    weights: int
+    bytes: int
+    form: str
+    code: int
+
+
+@dataclass(frozen=True)
+class KernelForm:
+    """A form the block kernels multiply: its name, block_gemm's code and C name
+    (kernels.h), the weights one scale covers, whether it has minima, and the
+    int8-activation form it is repacked into (None: it is one)."""
+
+    name: str
+    code: int
+    c_name: str
+    scale_group: int
+    minima: bool
+    int8_form: str | None
+
+
+GGUF_TYPES = (
+    GgufType("Q4_0", 2, 32, 18, "Q4_1", 1),
+    GgufType("Q4_1", 3, 32, 20, "Q4_1", 2),
+    GgufType("Q5_0", 6, 32, 22, "Q8_0", 3),
+    GgufType("Q5_1", 7, 32, 24, "Q5_1", 4),
+    GgufType("Q8_0", 8, 32, 34, "Q8_0", 5),
+    GgufType("Q4_K", 12, 256, 144, "Q4_1", 6),
+    GgufType("Q5_K", 13, 256, 176, "Q5_1", 7),
+    GgufType("Q6_K", 14, 256, 210, "Q8_16", 8),
+)
+"""Every GGUF block type read here; the K types' blocks are super-blocks of 256."""
+
+KERNEL_FORMS = (
+    KernelForm("Q4_1", 1, "BLOCKS_Q4", 32, True, "I8_Q4"),
+    KernelForm("Q8_0", 2, "BLOCKS_Q8", 32, False, "I8_U8"),
+    KernelForm("Q8_16", 3, "BLOCKS_Q8_HALVES", 16, False, "I8_U8_16"),
+    KernelForm("Q5_1", 4, "BLOCKS_Q5", 32, True, "I8_U8"),
+    KernelForm("I8_Q4", 5, "BLOCKS_I8_Q4", 32, True, None),
+    KernelForm("I8_U8", 6, "BLOCKS_I8_U8", 32, True, None),
+    KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None),
+)
+"""Q4_1: 4-bit codes, a scale and a minimum per 32 (GGUF's Q4_0, Q4_1, Q4_K); Q8_0:
+int8 codes and a scale per 32 (Q8_0, Q5_0); Q8_16: int8 codes and a scale per 16
+(Q6_K); Q5_1: codes 0..31 a byte each with a scale and minimum per 32 (Q5_1, Q5_K);
+the I8_* forms of dtype int8-activations (block_int8.c's header)."""
+
+GGML_TYPES = {t.ggml_type: (t.name, t.weights, t.bytes) for t in GGUF_TYPES}
+"""ggml type id -> (name, weights per block, bytes per block)."""
+BYTES_PER_BLOCK = {t.name: t.bytes for t in GGUF_TYPES}
+FORM_OF = {t.name: t.form for t in GGUF_TYPES}
+"""GGUF type -> the kernel form it is read into."""
+PARSE_CODES = {t.name: t.code for t in GGUF_TYPES}
+"""GGUF type -> block_parse.c's code (parse_gguf_rows)."""
+BLOCK_KINDS = {form.name: form.code for form in KERNEL_FORMS}
+"""Kernel form -> block_gemm's code."""
+INT8_FORM_OF = {form.name: form.int8_form for form in KERNEL_FORMS if form.int8_form}
+"""Kernel form -> the int8-activation form it is repacked into."""
+
+HEADER = Path(__file__).with_name("block_types.h")
+
+
+def c_header() -> str:
+    """block_types.h's text: the C codes of the kernel forms and GGUF types."""
+    lines = ["/* Written from engine/kernels/block_types.py (python -m engine.kernels.block_types):",
+             " * the codes of the kernel forms (block_gemm's kind) and of the GGUF types",
+             " * (parse_gguf_rows' type). Edit the table there, not this file. */",
+             "#ifndef KVSERVE_BLOCK_TYPES_H", "#define KVSERVE_BLOCK_TYPES_H", ""]
+    lines += [f"#define {form.c_name} {form.code}   /* {form.name} */" for form in KERNEL_FORMS]
+    lines.append("")
+    lines += [f"#define GGUF_{t.name} {t.code}" for t in GGUF_TYPES]
+    lines += ["", "#endif", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    HEADER.write_text(c_header())
+    print(f"wrote {HEADER}")
