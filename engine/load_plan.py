@@ -160,6 +160,8 @@ def plan_load(dtype: str | torch.dtype | None, source: ModelSource, device: str,
                  and kernels is not None)
     if mode.gguf_cpu_only:
         _check_int8_activations(on_blocks, kernels)
+    if mode.weights == "bf16" and device == "cpu" and not on_blocks:
+        _check_bf16_products(kernels)
     projections, head = _methods(mode, compute, source, on_blocks, kernels)
     kv = KV_CACHE_DTYPES[kv_cache_dtype] if kv_cache_dtype != "auto" else mode.kv_cache
     dense_table = on_blocks and mode.weights == "bf16" and kernels.has_bf16_gemm
@@ -191,6 +193,18 @@ def _check_int8_activations(on_blocks: bool, kernels: CpuKernels | None) -> None
                           f"better); the kernels here are built for the {kernels.isa} level, "
                           f"whose portable int8 loop is many times slower than float32: use "
                           f"dtype float32")
+
+
+def _check_bf16_products(kernels: CpuKernels | None) -> None:
+    """bf16-weights on dense weights needs the native bf16 GEMM (AVX512-BF16): without
+    it torch's bf16 products widen in loops at about half float32's rate
+    (docs/benchmarks.md, "On an AVX2 CPU"). Without native kernels at all nothing is
+    known of the CPU, and torch's own paths serve."""
+    if kernels is not None and not kernels.has_bf16_gemm:
+        raise LoadRefused(f"dtype bf16-weights multiplies dense bf16 weights with the native "
+                          f"bf16 GEMM, which needs AVX512-BF16; on this CPU's {kernels.isa} "
+                          f"level torch's bf16 products run at about half float32's rate: "
+                          f"use dtype float32 (a GGUF file's blocks serve bf16-weights here)")
 
 
 def _methods(mode: DtypeMode, compute: torch.dtype, source: ModelSource, on_blocks: bool,

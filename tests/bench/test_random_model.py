@@ -17,7 +17,7 @@ SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_written_models_load_and_generate(tmp_path, family):
     path = write_random_model(str(tmp_path / family), family=family, vocab_size=256, **SMALL)
-    model = load_model(path, dtype="bf16-weights", progress=False)
+    model = load_model(path, dtype="float32", progress=False)
     assert model.config.model_type == family
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
     biases = [p for name, p in model.module.named_parameters() if name.endswith("bias")]

@@ -5,6 +5,7 @@ import torch
 
 from engine import load_model
 from engine.loading import ModelLoadError, resolve_model_dir
+from tests.helpers import cpu_isa, needs_bf16_gemm
 
 
 def test_local_directory_and_transformers_model_load_the_same_weights(tiny_models):
@@ -90,6 +91,7 @@ def test_float32_cpu_models_multiply_weights_packed_for_onednn(tiny_models):
     torch.testing.assert_close(model.prompt_logits(ids), want, atol=1e-5, rtol=1e-4)
 
 
+@needs_bf16_gemm
 def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models):
     from engine.models.mixed_precision import Bf16WeightLinear
 
@@ -109,8 +111,19 @@ def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models):
     assert (got - want).abs().max() > 0                    # and really rounded
 
 
+def test_bf16_weights_on_dense_weights_is_refused_without_the_native_bf16_gemm(tiny_models):
+    """On the generic level (no native bf16 GEMM) an HF checkpoint's bf16 products would
+    run at about half float32's rate: refused at load, naming float32."""
+    from engine.load_plan import LoadRefused
+
+    path, _ = tiny_models["llama"]
+    with cpu_isa("generic"), pytest.raises(LoadRefused, match="generic level.*use dtype float32"):
+        load_model(path, dtype="bf16-weights", progress=False)
+
+
 @pytest.mark.parametrize("dtype,option,expected", [
-    ("bf16-weights", "auto", torch.bfloat16), ("bf16-weights", "float32", torch.float32),
+    pytest.param("bf16-weights", "auto", torch.bfloat16, marks=needs_bf16_gemm),
+    pytest.param("bf16-weights", "float32", torch.float32, marks=needs_bf16_gemm),
     ("float32", "auto", torch.float32), ("float32", "bfloat16", torch.bfloat16)])
 def test_kv_cache_dtype_option(tiny_models, dtype, option, expected):
     """The cache's element type follows load_model's kv_cache_dtype; a bf16 cache

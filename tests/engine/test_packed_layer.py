@@ -19,7 +19,8 @@ from engine.models.packed_layer import PackedLayer
 from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest
-from tests.helpers import ServedSpy, executors_set_to, layer_executors, needs_bf16_packing
+from tests.helpers import (ServedSpy, executors_set_to, layer_executors, needs_bf16_gemm,
+                           needs_bf16_packing)
 
 PAGE = 16
 NUM_BLOCKS = 8 * 72
@@ -99,6 +100,7 @@ def default_bf16():
 
 
 @needs_bf16_packing
+@needs_bf16_gemm      # without it the blocks serve every step (test_bf16_weights_blocks.py)
 def test_default_model_steps_are_bit_identical(default_bf16):
     vocab = default_bf16.config.vocab_size
     layers = len(default_bf16.module.layers)
@@ -116,7 +118,8 @@ def test_default_model_steps_are_bit_identical(default_bf16):
     assert served == 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bf16-weights", marks=needs_bf16_packing)])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param(
+    "bf16-weights", marks=[needs_bf16_packing, needs_bf16_gemm])])   # else refused at load
 def test_tiny_model_steps_are_bit_identical(tiny_models, dtype):
     path, _ = tiny_models["llama"]
     model = load_model(path, dtype=dtype, progress=False)

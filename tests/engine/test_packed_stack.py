@@ -106,6 +106,7 @@ def test_packed_stack_keeps_the_native_gemm_past_its_row_limit(default_bf16, mon
     assert served and identical
 
 
+@needs_bf16_gemm      # without it the blocks serve every step (test_bf16_weights_blocks.py)
 def test_fast_decode_stack_is_bit_identical(default_bf16):
     for rows in range(1, BF16_KERNEL_ROWS + 1):
         identical, served = run_stack_and_loop(default_bf16, FastDecodeStack,

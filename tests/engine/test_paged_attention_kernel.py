@@ -7,6 +7,8 @@ another sweep shape) and off them (10)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -202,7 +204,8 @@ def test_torch_decode_paths_without_the_kernel(tiny_models, monkeypatch, num_pro
     from engine.kernels import build
     from tests.helpers import random_prompts, reference_greedy
 
-    monkeypatch.setattr(build, "_default", [None])     # as without a compiler
+    # as without a compiler: no kernels for this process's level
+    monkeypatch.setattr(build, "_default", {os.environ.get("KVSERVE_CPU_ISA"): None})
     path, reference = tiny_models["qwen3"]
     model = load_model(path, progress=False)
     prompts = random_prompts(num_prompts, 5, 30, seed=num_prompts)
@@ -248,7 +251,8 @@ def test_torch_decode_paths_widen_a_bf16_cache(tiny_models, monkeypatch, num_pro
     config = GenerationConfig(max_new_tokens=6, eos_token_id=[])
     with_logprobs = ContinuousBatchingConfig(return_logprobs=True)
     native = [o.logprobs for o in model.generate_batch(prompts, config, with_logprobs).values()]
-    monkeypatch.setattr(build, "_default", [None])     # as without a compiler
+    # as without a compiler: no kernels for this process's level
+    monkeypatch.setattr(build, "_default", {os.environ.get("KVSERVE_CPU_ISA"): None})
     fallback = [o.logprobs for o in model.generate_batch(prompts, config,
                                                          with_logprobs).values()]
     for a, b in zip(native, fallback):
@@ -257,10 +261,8 @@ def test_torch_decode_paths_widen_a_bf16_cache(tiny_models, monkeypatch, num_pro
 
 def test_the_vector_passes_serve_the_head_sizes_of_this_cpu(kernels):
     """AVX-512 builds take head sizes that are multiples of 16, AVX2 builds multiples
-    of 8 (both up to 256); other CPUs, and other sizes, run the scalar loops."""
-    flags = set(next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
-                      if line.startswith("flags")), []))
-    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 0
+    of 8 (both up to 256); other levels, and other sizes, run the scalar loops."""
+    lanes = {"avx512": 16, "avx_vnni": 8, "avx2": 8}.get(kernels.isa, 0)
     for dim in (8, 10, 16, 24, 64, 96, 128, 256, 264):
         want = lanes > 0 and dim % lanes == 0 and dim <= 256
         assert kernels.vector_attention(dim) == want, dim
