@@ -229,15 +229,13 @@ def test_the_tensor_table_reader_refuses_what_it_cannot_read(tmp_path):
 
 
 def test_the_block_kernels_report_the_vectors_of_this_cpu(kernels):
-    """block_gemm_lanes follows the CPU the library was built for (-march=native), and
+    """block_gemm_lanes follows the ISA level the library was built for (isa.py), and
     the rows the block kernels take follow it."""
     from engine.models.block_weights import MAX_KERNEL_ROWS, PANEL_KERNEL_ROWS, kernel_rows
 
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
-                  if line.startswith("flags")), [])
-    want = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= set(flags) else 1
+    want = {"avx512": 16, "avx_vnni": 8, "avx2": 8, "neon": 4, "dotprod": 4}.get(kernels.isa, 1)
     assert kernels.block_lanes == want
-    assert kernel_rows(kernels) == (PANEL_KERNEL_ROWS if want > 1 else MAX_KERNEL_ROWS)
+    assert kernel_rows(kernels) == (PANEL_KERNEL_ROWS if want in (8, 16) else MAX_KERNEL_ROWS)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q8_16"])

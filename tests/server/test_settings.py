@@ -15,7 +15,7 @@ DEFAULT_YAML = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 def test_default_yaml_matches_built_in_defaults():
     file_values = yaml.safe_load(DEFAULT_YAML.read_text())
     assert set(file_values) == set(ServerSettings.model_fields)
-    assert parse_settings(["--config", str(DEFAULT_YAML)]) == ServerSettings()
+    assert parse_settings(["--config", str(DEFAULT_YAML)], environ={}) == ServerSettings()
 
 
 def test_cli_overrides_file(tmp_path):
