@@ -98,6 +98,29 @@ typedef struct {
     WorkRanges *items;           /* groups of 16 columns */
 } Int8Job;
 
+/* One group's weights as every loop reads them: its blocks, scales and minima, and
+ * its form's sizes (a Q4 block is 256 bytes, the byte forms' 512; the halves form has
+ * two scales and minima per block). */
+typedef struct {
+    const uint8_t *q;
+    const float *d, *m;
+    int64_t blocks, block_bytes, scales_per_block;
+    int nibbles, halves;
+} GroupView;
+
+static inline GroupView group_view(const Int8Job *job, int64_t group) {
+    GroupView view;
+    view.blocks = job->k / BLOCK;
+    view.nibbles = job->kind == BLOCKS_I8_Q4;
+    view.halves = job->kind == BLOCKS_I8_U8_HALVES;
+    view.block_bytes = view.nibbles ? 256 : 512;
+    view.scales_per_block = view.halves ? 2 : 1;
+    view.q = job->q + group * view.blocks * view.block_bytes;
+    view.d = job->d + group * view.blocks * view.scales_per_block * GROUP;
+    view.m = job->m + group * view.blocks * view.scales_per_block * GROUP;
+    return view;
+}
+
 #if INT8_PATH == INT8_AVX512_VNNI
 /* Per row of a tile, the int32 sums of codes times x's codes over one block, for the
  * two halves of the block (w[0..3]: elements 0-15, w[4..7]: 16-31). */
@@ -114,12 +137,12 @@ static inline __attribute__((always_inline)) void block_sums_vnni(
 
 /* One group of 16 columns against `tile` rows (from row r0), all blocks. */
 static void group_tile_vnni(const Int8Job *job, int64_t group, int64_t r0, int tile) {
-    const int64_t blocks = job->k / BLOCK, k = job->k;
-    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
-    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
-    const uint8_t *q = job->q + group * blocks * block_bytes;
-    const float *d = job->d + group * blocks * groups_per_block * GROUP;
-    const float *m = job->m + group * blocks * groups_per_block * GROUP;
+    const GroupView view = group_view(job, group);
+    const int64_t blocks = view.blocks, k = job->k, block_bytes = view.block_bytes;
+    const int64_t groups_per_block = view.scales_per_block;
+    const int halves = view.halves, nibbles = view.nibbles;
+    const uint8_t *q = view.q;
+    const float *d = view.d, *m = view.m;
     const QuantizedRows *x = job->x;
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
     __m512 acc[INT8_ROW_TILE];
@@ -179,16 +202,17 @@ static void group_tile_vnni(const Int8Job *job, int64_t group, int64_t r0, int t
 
 /* The portable loop: the same sums, one column at a time (unused by the vector
  * builds). */
-static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int64_t group, int64_t r0, int tile) {
-    const int64_t blocks = job->k / BLOCK, k = job->k;
-    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
-    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
+static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int64_t group,
+                                                        int64_t r0, int tile) {
+    const GroupView view = group_view(job, group);
+    const int64_t blocks = view.blocks, k = job->k, block_bytes = view.block_bytes;
+    const int halves = view.halves, nibbles = view.nibbles;
     for (int lane = 0; lane < GROUP; lane++)
         for (int r = 0; r < tile; r++) {
             const int64_t row = r0 + r;
             float total = 0.0f;
             for (int64_t b = 0; b < blocks; b++) {
-                const uint8_t *qb = job->q + (group * blocks + b) * block_bytes;
+                const uint8_t *qb = view.q + b * block_bytes;
                 const int8_t *xq = job->x->codes + row * k + b * BLOCK;
                 int32_t sums[2] = {0, 0};
                 for (int e = 0; e < BLOCK; e++) {
@@ -199,15 +223,15 @@ static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int6
                     sums[e / 16] += code * xq[e];
                 }
                 const float scale = job->x->scales[row * blocks + b];
-                const int64_t at = (group * blocks + b) * groups_per_block * GROUP + lane;
+                const int64_t at = b * view.scales_per_block * GROUP + lane;
                 if (halves) {
                     const float *s16 = job->x->sums16 + row * 2 * blocks + 2 * b;
-                    total += job->d[at] * scale * (float)sums[0] + job->m[at] * s16[0];
-                    total += job->d[at + GROUP] * scale * (float)sums[1]
-                             + job->m[at + GROUP] * s16[1];
+                    total += view.d[at] * scale * (float)sums[0] + view.m[at] * s16[0];
+                    total += view.d[at + GROUP] * scale * (float)sums[1]
+                             + view.m[at + GROUP] * s16[1];
                 } else {
-                    total += job->d[at] * scale * (float)(sums[0] + sums[1])
-                             + job->m[at] * job->x->sums32[row * blocks + b];
+                    total += view.d[at] * scale * (float)(sums[0] + sums[1])
+                             + view.m[at] * job->x->sums32[row * blocks + b];
                 }
             }
             job->y[row * job->ldy + group * GROUP + lane] = total;

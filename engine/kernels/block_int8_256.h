@@ -119,12 +119,12 @@ static inline __attribute__((always_inline)) void row_sums(
  * weights are unpacked once per block for the tile's rows. */
 static inline __attribute__((always_inline)) void group_tile_256_form(
         const Int8Job *job, int64_t group, int64_t r0, const int tile, const int form) {
-    const int64_t blocks = job->k / BLOCK, k = job->k;
-    const int64_t block_bytes = form == FORM_Q4 ? 256 : 512;
+    const GroupView view = group_view(job, group);
+    const int64_t blocks = view.blocks, k = job->k;
+    const int64_t block_bytes = form == FORM_Q4 ? 256 : 512;       /* constants here */
     const int64_t scales_per_block = form == FORM_U8_HALVES ? 2 : 1;
-    const uint8_t *q = job->q + group * blocks * block_bytes;
-    const float *d = job->d + group * blocks * scales_per_block * GROUP;
-    const float *m = job->m + group * blocks * scales_per_block * GROUP;
+    const uint8_t *q = view.q;
+    const float *d = view.d, *m = view.m;
     const int8_t *codes = job->x->codes + r0 * k;
     const float *scales = job->x->scales + r0 * blocks, *sums16 = job->x->sums16 + r0 * 2 * blocks;
     const float *sums32 = job->x->sums32 + r0 * blocks;

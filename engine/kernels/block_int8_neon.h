@@ -75,12 +75,12 @@ static inline __attribute__((always_inline)) int32x4_t dot_quarter_neon(
 /* One group of 16 columns against `tile` rows (from row r0), all blocks: each
  * quarter's weights are loaded once per block for the tile's rows. */
 static void group_tile_neon(const Int8Job *job, int64_t group, int64_t r0, int tile) {
-    const int64_t blocks = job->k / BLOCK, k = job->k;
-    const int halves = job->kind == BLOCKS_I8_U8_HALVES, nibbles = job->kind == BLOCKS_I8_Q4;
-    const int64_t block_bytes = nibbles ? 256 : 512, groups_per_block = halves ? 2 : 1;
-    const uint8_t *q = job->q + group * blocks * block_bytes;
-    const float *d = job->d + group * blocks * groups_per_block * GROUP;
-    const float *m = job->m + group * blocks * groups_per_block * GROUP;
+    const GroupView view = group_view(job, group);
+    const int64_t blocks = view.blocks, k = job->k, block_bytes = view.block_bytes;
+    const int64_t groups_per_block = view.scales_per_block;
+    const int halves = view.halves, nibbles = view.nibbles;
+    const uint8_t *q = view.q;
+    const float *d = view.d, *m = view.m;
     const QuantizedRows *x = job->x;
     float32x4_t acc[INT8_ROW_TILE][QUARTERS_PER_GROUP];
     for (int r = 0; r < tile; r++)
