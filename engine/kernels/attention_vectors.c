@@ -1,48 +1,87 @@
-/* The two passes of decode attention over one request's context range, on AVX-512,
- * for head sizes that are a multiple of 16 up to 256 (paged_attention.c calls them;
- * attention_avx2.c has the AVX2 ones; other sizes and CPUs take its scalar loops).
+/* The two passes of decode attention over one request's context range, on vectors of
+ * LANES floats: 16 on AVX-512, 8 on AVX2 with FMA (the `vec_*` helpers below are the
+ * only difference), for head sizes that are a multiple of LANES up to 256
+ * (paged_attention.c calls them; other sizes and CPUs take its scalar loops).
  *
- * Scores: keys are taken 16 at a time. For one query head, 16 registers accumulate
- * q * k of the 16 keys (16 independent FMA chains, each D / 16 long); one
- * transpose-and-add tree then turns them into one register holding the 16 dot
- * products (45 shuffles and adds, where 16 separate horizontal sums take ~130). A bf16
- * cache's keys are widened to fp32 once per KV head, for all the query heads sharing
- * it (GQA). Values: the query heads sharing a KV head sweep the range together, each
- * value vector loaded (and widened) once for all of them, their D / 16 accumulators
- * each in registers. The cache element type is fp32 or bf16; the arithmetic is fp32.
+ * Scores: keys are taken LANES at a time. For one query head, LANES registers
+ * accumulate q * k of those keys (independent FMA chains, each D / LANES long); one
+ * transpose-and-add tree then turns them into one register holding their dot products
+ * (for 16 lanes 45 shuffles and adds, where 16 separate horizontal sums take ~130). A
+ * bf16 cache's keys are widened to fp32 once per KV head, for all the query heads
+ * sharing it (GQA).
+ *
+ * Values: the query heads sharing a KV head sweep the range together, each value
+ * vector loaded (and widened) once for all of them, with at most SWEEP_VECTORS
+ * accumulators (half the vector registers: 16 of AVX-512's 32, 8 of AVX2's 16), so
+ * D = 64 takes 4 heads a sweep on AVX-512 and 1 on AVX2; heads wider than a sweep go
+ * a piece of columns at a time. The cache element type is fp32 or bf16; the
+ * arithmetic is fp32.
  *
  * Both passes read the cache from memory (a step's K/V far exceeds the caches), and
  * the hardware prefetcher loses the stream at every page jump: each pass prefetches
- * the records (all KV heads of a slot, KVH * D floats) PREFETCH_AHEAD keys ahead into
- * L2. Prefetched, the passes come closer to a plain read of the cache than the scalar
- * loops; with the context in L1 the gain from the FMA chains and the one reduction
- * tree per 16 keys is larger.
+ * the records (all KV heads of a slot, KVH * D values) PREFETCH_AHEAD keys ahead into
+ * L2; the first values sweep brings the records the later ones find in the caches.
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "vector_math.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
-#define KEYS_PER_BLOCK 16
+#ifdef __AVX512F__
+#define LANES 16
+#define SWEEP_VECTORS 16
+typedef __m512 vec;
+static inline vec vec_zero(void) { return _mm512_setzero_ps(); }
+static inline vec vec_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vec_load_bf16(const uint16_t *p) { return load_bf16x16(p); }
+static inline vec vec_broadcast(const float *p) { return _mm512_set1_ps(*p); }
+static inline vec vec_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vec_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vec_sum_lanes(const vec *v) { return sum_lanes16(v); }
+static inline void vec_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+static inline void vec_store_first(float *p, vec v, int64_t n) {     /* lanes [0, n) */
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), v);
+}
+#else
+#define LANES 8
+#define SWEEP_VECTORS 8
+typedef __m256 vec;
+static inline vec vec_zero(void) { return _mm256_setzero_ps(); }
+static inline vec vec_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec vec_load_bf16(const uint16_t *p) { return load_bf16x8(p); }
+static inline vec vec_broadcast(const float *p) { return _mm256_broadcast_ss(p); }
+static inline vec vec_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vec_mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vec_sum_lanes(const vec *v) { return sum_lanes8(v); }
+static inline void vec_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
+static inline void vec_store_first(float *p, vec v, int64_t n) {     /* lanes [0, n) */
+    float lanes[LANES];
+    _mm256_storeu_ps(lanes, v);
+    memcpy(p, lanes, sizeof(float) * (size_t)n);
+}
+#endif
+
+#define KEYS_PER_BLOCK LANES
 #define PREFETCH_AHEAD 64       /* 16 to 128 ahead, L1 or L2 hints: about even */
 
-int attention_vectors_apply(int64_t dim) { return dim % 16 == 0 && dim <= 256; }
+int attention_vectors_apply(int64_t dim) { return dim % LANES == 0 && dim <= 256; }
 
-/* Element `index` of a flat cache of fp32 or bf16 values, 16 lanes as fp32. */
-static inline __m512 load_cached(const void *cache, int64_t index, const int bf16) {
-    return bf16 ? load_bf16x16((const uint16_t *)cache + index)
-                : _mm512_loadu_ps((const float *)cache + index);
+/* Element `index` of a flat cache of fp32 or bf16 values, LANES lanes as fp32. */
+static inline vec load_cached(const void *cache, int64_t index, const int bf16) {
+    return bf16 ? vec_load_bf16((const uint16_t *)cache + index)
+                : vec_load((const float *)cache + index);
 }
 
 static inline __attribute__((always_inline)) void scores_pass(
         const float *q, const void *keys, const int64_t *row, int64_t count, int64_t heads,
         int64_t kv_heads, int64_t dim, float scale, float *scores, const int bf16) {
-    const int64_t group = heads / kv_heads, record = kv_heads * dim, vectors = dim / 16;
+    const int64_t group = heads / kv_heads, record = kv_heads * dim, vectors = dim / LANES;
     const int64_t record_bytes = record * (bf16 ? 2 : 4);
-    const __m512 scales = _mm512_set1_ps(scale);
+    const vec scales = vec_broadcast(&scale);
     float widened[KEYS_PER_BLOCK * 256];       /* bf16: one KV head of the block, as fp32 */
     prefetch_records(keys, row, 0, count < PREFETCH_AHEAD ? count : PREFETCH_AHEAD, record_bytes);
     for (int64_t l = 0; l < count; l += KEYS_PER_BLOCK) {
@@ -50,7 +89,6 @@ static inline __attribute__((always_inline)) void scores_pass(
         const int64_t from = l + PREFETCH_AHEAD < count ? l + PREFETCH_AHEAD : count;
         prefetch_records(keys, row, from, from + KEYS_PER_BLOCK < count ? from + KEYS_PER_BLOCK
                          : count, record_bytes);
-        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
         int64_t block[KEYS_PER_BLOCK];          /* past the range: its last key, not stored */
         for (int j = 0; j < KEYS_PER_BLOCK; j++) block[j] = row[l + (j < n ? j : n - 1)] * record;
         for (int64_t g = 0; g < kv_heads; g++) {
@@ -62,21 +100,20 @@ static inline __attribute__((always_inline)) void scores_pass(
                 }
                 /* widened once here, read by all `group` query heads below */
                 for (int64_t c = 0; c < vectors; c++)
-                    _mm512_storeu_ps(widened + j * dim + 16 * c,
-                                     load_cached(keys, block[j] + g * dim + 16 * c, 1));
+                    vec_store(widened + j * dim + LANES * c,
+                              load_cached(keys, block[j] + g * dim + LANES * c, 1));
                 key[j] = widened + j * dim;
             }
             for (int64_t hq = g * group; hq < (g + 1) * group; hq++) {
                 const float *query = q + hq * dim;
-                __m512 sums[KEYS_PER_BLOCK];    /* 16 independent FMA chains */
-                for (int j = 0; j < KEYS_PER_BLOCK; j++) sums[j] = _mm512_setzero_ps();
+                vec sums[KEYS_PER_BLOCK];       /* independent FMA chains */
+                for (int j = 0; j < KEYS_PER_BLOCK; j++) sums[j] = vec_zero();
                 for (int64_t c = 0; c < vectors; c++) {
-                    const __m512 part = _mm512_loadu_ps(query + 16 * c);
+                    const vec part = vec_load(query + LANES * c);
                     for (int j = 0; j < KEYS_PER_BLOCK; j++)
-                        sums[j] = _mm512_fmadd_ps(part, _mm512_loadu_ps(key[j] + 16 * c), sums[j]);
+                        sums[j] = vec_fma(part, vec_load(key[j] + LANES * c), sums[j]);
                 }
-                _mm512_mask_storeu_ps(scores + hq * count + l, valid,
-                                      _mm512_mul_ps(sum_lanes16(sums), scales));
+                vec_store_first(scores + hq * count + l, vec_mul(vec_sum_lanes(sums), scales), n);
             }
         }
     }
@@ -94,55 +131,56 @@ void attention_scores_vector(const float *q, const void *keys, int kv_bf16, cons
 }
 
 /* For `count_heads` query heads sharing one KV head (their probabilities `probs`,
- * count apart; outputs `out`, out_stride apart): out[h] = sum_l probs[h][l] * value(row[l])
- * at `offset` within each record. Each value vector is loaded (and widened) once for
- * all of them; count_heads * vectors <= 16 accumulators stay in registers. */
+ * count apart; outputs `out`, out_stride apart): out[h][0 .. LANES * vectors) =
+ * sum_l probs[h][l] * value(row[l]) from `offset` within each record. Each value
+ * vector is loaded (and widened) once for all of them. */
 static inline __attribute__((always_inline)) void weigh_heads(
         const float *probs, int64_t count, const void *values, const int64_t *row,
         int64_t record, int64_t offset, const int count_heads, const int vectors, int prefetch,
         float *out, int64_t out_stride, const int bf16) {
     const int64_t record_bytes = record * (bf16 ? 2 : 4);
-    __m512 acc[16];
-    for (int i = 0; i < count_heads * vectors; i++) acc[i] = _mm512_setzero_ps();
+    vec acc[SWEEP_VECTORS];
+    for (int i = 0; i < count_heads * vectors; i++) acc[i] = vec_zero();
     for (int64_t l = 0; l < count; l++) {
         if (prefetch && l + PREFETCH_AHEAD < count)
             prefetch_records(values, row, l + PREFETCH_AHEAD, l + PREFETCH_AHEAD + 1,
                              record_bytes);
-        __m512 p[4];
-        for (int h = 0; h < count_heads; h++) p[h] = _mm512_set1_ps(probs[h * count + l]);
+        vec p[4];
+        for (int h = 0; h < count_heads; h++) p[h] = vec_broadcast(probs + h * count + l);
         const int64_t start = row[l] * record + offset;
         for (int c = 0; c < vectors; c++) {
-            const __m512 v = load_cached(values, start + 16 * c, bf16);
+            const vec v = load_cached(values, start + LANES * c, bf16);
             for (int h = 0; h < count_heads; h++)
-                acc[h * vectors + c] = _mm512_fmadd_ps(p[h], v, acc[h * vectors + c]);
+                acc[h * vectors + c] = vec_fma(p[h], v, acc[h * vectors + c]);
         }
     }
     for (int h = 0; h < count_heads; h++)
         for (int c = 0; c < vectors; c++)
-            _mm512_storeu_ps(out + h * out_stride + 16 * c, acc[h * vectors + c]);
+            vec_store(out + h * out_stride + LANES * c, acc[h * vectors + c]);
 }
 
-/* The heads [first, first + n) of one KV head, n <= 4 (D = 64) or 2 (D = 128) or 1:
- * constant sizes, so each variant keeps its accumulators in registers. */
-static inline __attribute__((always_inline)) void weigh_group(
+/* One sweep: heads [first, first + n) of one KV head over `vectors` * LANES columns
+ * from `offset`; n <= 4 and n * vectors <= SWEEP_VECTORS. Shapes that fill the
+ * accumulators are constants, so they stay in registers; the rest sweep one head at
+ * a time. */
+static inline __attribute__((always_inline)) void sweep(
         const float *probs, int64_t count, const void *values, const int64_t *row,
-        int64_t record, int64_t offset, int64_t n, int64_t dim, int prefetch, float *out,
+        int64_t record, int64_t offset, int64_t n, int64_t vectors, int prefetch, float *out,
         int64_t out_stride, const int bf16) {
 #define WEIGH(heads_n, vectors_n) weigh_heads(probs, count, values, row, record, offset, \
         heads_n, vectors_n, prefetch, out, out_stride, bf16)
-    if (dim == 64) {
-        switch (n) {
-            case 4: WEIGH(4, 4); return;
-            case 3: WEIGH(3, 4); return;
-            case 2: WEIGH(2, 4); return;
-            default: WEIGH(1, 4); return;
-        }
+    if (vectors == SWEEP_VECTORS && n == 1) WEIGH(1, SWEEP_VECTORS);
+    else if (vectors == SWEEP_VECTORS / 2 && n == 2) WEIGH(2, SWEEP_VECTORS / 2);
+    else if (vectors == SWEEP_VECTORS / 2 && n == 1) WEIGH(1, SWEEP_VECTORS / 2);
+    else if (vectors == SWEEP_VECTORS / 4 && n == 4) WEIGH(4, SWEEP_VECTORS / 4);
+    else if (vectors == SWEEP_VECTORS / 4 && n == 3) WEIGH(3, SWEEP_VECTORS / 4);
+    else if (vectors == SWEEP_VECTORS / 4 && n == 2) WEIGH(2, SWEEP_VECTORS / 4);
+    else if (vectors == SWEEP_VECTORS / 4 && n == 1) WEIGH(1, SWEEP_VECTORS / 4);
+    else {
+        for (int64_t h = 0; h < n; h++)
+            weigh_heads(probs + h * count, count, values, row, record, offset, 1, (int)vectors,
+                        prefetch && h == 0, out + h * out_stride, out_stride, bf16);
     }
-    if (dim == 128) {
-        if (n == 2) WEIGH(2, 8); else WEIGH(1, 8);
-        return;
-    }
-    WEIGH(1, (int)(dim / 16));
 #undef WEIGH
 }
 
@@ -151,14 +189,20 @@ static inline __attribute__((always_inline)) void values_pass(
         int64_t heads, int64_t kv_heads, int64_t dim, float *out, int64_t out_stride,
         const int bf16) {
     const int64_t group = heads / kv_heads, record = kv_heads * dim;
-    const int64_t most = dim == 64 ? 4 : dim == 128 ? 2 : 1;     /* heads per sweep */
+    const int64_t piece = dim < LANES * SWEEP_VECTORS ? dim : LANES * SWEEP_VECTORS;
+    const int64_t fit = SWEEP_VECTORS / (piece / LANES);          /* heads a sweep holds */
+    const int64_t most = fit < 4 ? fit : 4;
     prefetch_records(values, row, 0, count < PREFETCH_AHEAD ? count : PREFETCH_AHEAD,
                      record * (bf16 ? 2 : 4));
     for (int64_t hq = 0; hq < heads;) {
-        const int64_t g = hq / group, n = (g + 1) * group - hq < most ? (g + 1) * group - hq : most;
-        weigh_group(probs + hq * count, count, values, row, record, g * dim, n, dim,
-                    hq == 0 /* the first sweep brings the records in */, out + hq * out_stride,
-                    out_stride, bf16);
+        const int64_t g = hq / group, left = (g + 1) * group - hq;
+        const int64_t n = left < most ? left : most;
+        for (int64_t column = 0; column < dim; column += piece) {
+            const int64_t width = dim - column < piece ? dim - column : piece;
+            sweep(probs + hq * count, count, values, row, record, g * dim + column, n,
+                  width / LANES, hq == 0 && column == 0 /* brings the records in */,
+                  out + hq * out_stride + column, out_stride, bf16);
+        }
         hq += n;
     }
 }
@@ -173,7 +217,7 @@ void attention_values_vector(const float *probs, const void *values, int kv_bf16
         values_pass(probs, values, row, count, heads, kv_heads, dim, out, out_stride, 0);
 }
 
-#elif !(defined(__AVX2__) && defined(__FMA__))   /* AVX2: attention_avx2.c */
+#else                           /* no vector passes: paged_attention.c's scalar loops */
 
 int attention_vectors_apply(int64_t dim) { (void)dim; return 0; }
 

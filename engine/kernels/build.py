@@ -2,8 +2,7 @@
 matrix products on GGUF weight blocks (block_gemm.c, block_mlp.c, block_panels.c; on
 int8 activations, block_int8.c) and the parsing of a file's rows into them
 (block_parse.c),
-decode attention over the paged cache (paged_attention.c, attention_vectors.c,
-attention_avx2.c) and of prefill chunks (prefill_attention.c; a mixed step's chunk
+decode attention over the paged cache (paged_attention.c, attention_vectors.c) and of prefill chunks (prefill_attention.c; a mixed step's chunk
 rows found by step_runs.c), a decoder
 layer's elementwise parts (layer_ops.c, activations.c), the fast decode layer's two
 halves (decode_layer.c), a step's whole layer stack on bf16 weights
@@ -41,7 +40,7 @@ logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(name)
            for name in ("block_gemm.c", "block_mlp.c", "block_panels.c",
                         "paged_attention.c", "step_runs.c", "attention_vectors.c",
-                        "attention_avx2.c", "attention_bf16.c", "prefill_attention.c",
+                        "attention_bf16.c", "prefill_attention.c",
                         "bf16_gemm.c", "activations.c", "head_rescore.c", "argmax.c",
                         "layer_ops.c", "decode_layer.c", "decoder_stack.c", "worker_pool.c",
                         "bf16_amx.c", "block_int8.c", "block_parse.c")]

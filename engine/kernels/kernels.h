@@ -150,7 +150,7 @@ int64_t find_prefill_runs(const float *q, int64_t q_stride, float *out, int64_t 
                           const int64_t *starts, const int64_t *lengths, int64_t batch,
                           int64_t width, PrefillRun *runs, int64_t *order, int64_t *rest);
 
-/* attention_vectors.c (AVX-512) or attention_avx2.c (AVX2 and FMA): the vector
+/* attention_vectors.c (AVX-512, or AVX2 and FMA): the vector
  * passes of decode attention over one context range (slots row[0 .. count)) of an
  * fp32 or (kv_bf16) bf16 cache; attention_vectors_apply says whether they serve head
  * size `dim` on this build. */

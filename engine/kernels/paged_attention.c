@@ -22,8 +22,7 @@
  * over `num_threads` threads (worker_pool.h); when there are too few to keep the
  * threads busy (one request, long context), each context is cut into chunks whose
  * partial softmaxes are merged at the end, as flash-decoding does. Head sizes that are a multiple of 16
- * (AVX-512) or 8 (AVX2 and FMA) run the per-range passes of attention_vectors.c or
- * attention_avx2.c.
+ * (AVX-512) or 8 (AVX2 and FMA) run the per-range passes of attention_vectors.c.
  */
 #include <math.h>
 #include <stdint.h>
