@@ -178,12 +178,14 @@ def assert_blocks_decode_like_dense(blocked, dense, max_new_tokens: int) -> None
 
 
 def runnable_isa_levels() -> list[str]:
-    """The kernel ISA levels this host can execute, each once: generic, avx2 (x86) and
-    the CPU's best (engine/kernels/isa.py), for tests run once per variant."""
+    """The kernel ISA levels this host can execute, each once: generic, avx2 and
+    avx_vnni (x86, where the CPU has them) and the CPU's best (engine/kernels/isa.py),
+    for tests run once per variant."""
     from engine.kernels.isa import choose_level, cpu_features
 
     features = cpu_features()
-    names = [choose_level(features, cap).name for cap in ("generic", "avx2", "native")
+    names = [choose_level(features, cap).name
+             for cap in ("generic", "avx2", "avx_vnni", "native")
              if cap == "native" or cap in _level_names()]
     return list(dict.fromkeys(names))
 

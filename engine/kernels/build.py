@@ -105,7 +105,8 @@ def load_native_kernels(cache_dir: Path | None = None,
                     build_library(compiler, flags, target)
                 kernels = NativeKernels(ctypes.CDLL(str(target)), default_num_threads(),
                                         level.name)
-                logger.info("native kernels: %s level (%s)", level.name, " ".join(flags))
+                logger.info("native kernels: %s level (%s): %s", level.name, " ".join(flags),
+                            kernels.describe())
             except (OSError, subprocess.SubprocessError) as error:
                 detail = getattr(error, "stderr", "") or error
                 logger.warning("native kernels unavailable (%s): torch ops serve",

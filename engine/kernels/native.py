@@ -93,6 +93,14 @@ class NativeKernels:
         if entry_points is not None:
             library.set_openmp_runtime(*entry_points)
 
+    def describe(self) -> str:
+        """Which routines this build runs, for the load log."""
+        attention = ("vector passes" if self._library.attention_vectors_apply(64)
+                     else "scalar loops")
+        bf16 = ("AMX tiles" if self.amx else "AVX512-BF16") if self.has_bf16_gemm else "none"
+        return (f"block kernels on {self.block_lanes} lanes, int8 loop {self.int8_path}, "
+                f"attention {attention}, bf16 GEMM {bf16}")
+
     def gemm(self, kind: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
              minima: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, K] fp32 contiguous; kind "Q4_1" (codes [N, K/2] uint8, scales and
