@@ -114,6 +114,9 @@ class LoadPlan:
     """A GGUF's blocks multiplied by the native kernels (BlockLinear)."""
     int8_activations: bool
     """The blocks repacked for int8 activations (models/int8_blocks.py)."""
+    native_bf16: bool
+    """bf16 products run on the native bf16 GEMM (AVX512-BF16): bf16-weights then gives
+    a GGUF's large steps bf16 weights; without it the blocks keep every step."""
     dense_table: bool
     """The GGUF's embedding table also kept dense in fp32, for bf16-weights' LM head
     (its bf16 logits' top candidates redone in fp32)."""
@@ -164,9 +167,10 @@ def plan_load(dtype: str | torch.dtype | None, source: ModelSource, device: str,
         _check_bf16_products(kernels)
     projections, head = _methods(mode, compute, source, on_blocks, kernels)
     kv = KV_CACHE_DTYPES[kv_cache_dtype] if kv_cache_dtype != "auto" else mode.kv_cache
-    dense_table = on_blocks and mode.weights == "bf16" and kernels.has_bf16_gemm
-    return LoadPlan(mode, compute, device, tp_size, on_blocks, mode.gguf_cpu_only, dense_table,
-                    projections, head, kv,
+    native_bf16 = kernels is not None and device == "cpu" and kernels.has_bf16_gemm
+    dense_table = on_blocks and mode.weights == "bf16" and native_bf16
+    return LoadPlan(mode, compute, device, tp_size, on_blocks, mode.gguf_cpu_only, native_bf16,
+                    dense_table, projections, head, kv,
                     kernels.isa if kernels is not None and device == "cpu" else None)
 
 

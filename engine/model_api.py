@@ -210,10 +210,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     each rank uses the GPU of its LOCAL_RANK."""
     from .cpu_threads import release_openmp_pool
     from .load_plan import dtype_mode
-    from .loading import return_freed_memory
-    from .models import has_own_code
     from .loading import (check_quantization, gguf_source, load_tokenizer, read_config,
-                          resolve_model_dir)
+                          resolve_model_dir, return_freed_memory)
+    from .models import has_own_code
     from .models.method_choice import choose_linear_methods
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
@@ -243,7 +242,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                              config, plan.compute, device, tp_size, cpu_group_timeout, kernels,
                              dense_table=plan.dense_table)
         choose_linear_methods(module, plan.dtype.weights,
-                              pack=device.type == "cpu" and tp_size == 1)
+                              pack=device.type == "cpu" and tp_size == 1,
+                              native_bf16=plan.native_bf16)
         if device.type == "cpu" and tp_size == 1 and native is not None:
             from .models.executor_choice import use_chosen_executors
 

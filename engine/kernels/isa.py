@@ -14,6 +14,7 @@ Pure Python (no torch): build.py builds the chosen level, the server names it at
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -77,12 +78,21 @@ def machine_levels(machine: str | None = None) -> tuple[IsaLevel, ...]:
 
 
 def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
-    """The CPU's feature names: /proc/cpuinfo's `flags` (x86) or `Features` (ARM)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+    """The CPU's feature names: /proc/cpuinfo's `flags` (x86) or `Features` (ARM), or
+    those of the `cpuinfo` text given."""
+    return _features_of(cpuinfo if cpuinfo is not None else _this_cpuinfo())
+
+
+@functools.lru_cache(maxsize=1)
+def _this_cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process (every kernel load asks for it)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _features_of(cpuinfo: str) -> frozenset[str]:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):

@@ -42,12 +42,14 @@ PROJECTIONS = {"qkv": lambda layer: layer.self_attn.qkv_proj,
 """A decoder layer's projections by kind."""
 
 
-def choose_linear_methods(model: nn.Module, weights: str | None, pack: bool) -> None:
+def choose_linear_methods(model: nn.Module, weights: str | None, pack: bool,
+                          native_bf16: bool = False) -> None:
     """Give the loaded model the methods of its dtype's `weights` (load_plan.DtypeMode:
-    "bf16", "int8" or None) and, with `pack` (single-process CPU), pack its dense
-    weights; then log the table."""
+    "bf16", "int8" or None; `native_bf16`: the plan's, whether the native bf16 GEMM
+    serves) and, with `pack` (single-process CPU), pack its dense weights; then log
+    the table."""
     if weights == "bf16":
-        use_bf16_weights(model)
+        use_bf16_weights(model, native_bf16)
     elif weights == "int8":
         use_int8_weights(model)
     if pack:

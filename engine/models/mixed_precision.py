@@ -114,18 +114,16 @@ class Bf16RescoredHead(LinearMethod):
         return logits.scatter_(1, candidates, exact)
 
 
-def use_bf16_weights(model: nn.Module) -> nn.Module:
+def use_bf16_weights(model: nn.Module, native_bf16: bool) -> nn.Module:
     """In place: every nn.Linear inside the decoder layers becomes a Bf16WeightLinear,
     every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
     the LM head is a Bf16RescoredHead, and the model asks for a bf16 KV cache. The
-    embedding table stays fp32. Where the native bf16 GEMM is not built (CPUs without
-    AVX512-BF16) bf16 products run on torch's loops, slower than the block kernels at
-    every step size: a GGUF's blocks and block head then stay as in float32."""
-    from ..kernels import default_kernels
+    embedding table stays fp32. Without `native_bf16` (the load plan's: no native bf16
+    GEMM, CPUs without AVX512-BF16) bf16 products run on torch's loops, slower than the
+    block kernels at every step size: a GGUF's blocks and block head then stay as in
+    float32."""
     from .block_weights import BF16_KERNEL_ROWS, BlockLinear
 
-    kernels = default_kernels()
-    native_bf16 = kernels is not None and kernels.has_bf16_gemm
     for layer in model.layers:
         for parent in layer.modules():
             for name, child in list(parent.named_children()):

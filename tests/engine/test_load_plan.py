@@ -71,6 +71,7 @@ def test_every_cell_of_the_matrix(dtype, source, device, level):
     assert (plan.compute, plan.block_kernels, plan.int8_activations) == (compute, on_blocks, int8)
     assert plan.projections.startswith(method), plan.projections
     assert plan.kv_cache == kv
+    assert plan.native_bf16 == (kernels is not None and kernels.has_bf16_gemm)
     assert plan.dense_table == (on_blocks and dtype == "bf16-weights"
                                 and kernels.has_bf16_gemm)
     assert plan.isa == (kernels.isa if kernels is not None else None)
