@@ -1,5 +1,6 @@
 """bf16 matmuls as the engine runs them: the native bf16 GEMM (engine/kernels/
-bf16_gemm.c) against oneDNN on its own packed weights, side by side in one run.
+bf16_gemm.c) against oneDNN on its own packed weights, and against float32's
+product (oneDNN on packed fp32 weights), side by side in one run.
 
     python -m bench.matmul --rows 8,32,64,256 --shapes 576x3072,1536x576,576x49152
 
@@ -41,17 +42,23 @@ def measure(rows: int, in_features: int, out_features: int, num_weights: int,
             repeats: int) -> dict:
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=generator).bfloat16()
-    weights = [pack_weight(torch.randn(out_features, in_features, generator=generator).bfloat16())
-               for _ in range(num_weights)]
-    if weights[0].pairs is None:
-        raise SystemExit("no native bf16 GEMM here (a CPU without AVX512-BF16, or no compiler)")
+    dense = [torch.randn(out_features, in_features, generator=generator)
+             for _ in range(num_weights)]
+    weights = [pack_weight(weight.bfloat16()) for weight in dense]
+    if weights[0] is None or weights[0].pairs is None:
+        raise SystemExit("no native bf16 GEMM here (no AVX2 or AVX512-BF16, or no compiler)")
     kernels = weights[0].kernels
+    fp32_weights = [pack_weight(weight).onednn for weight in dense]
+    x32 = x.float()
 
     def native(weight):
         kernels.bf16_gemm(x, weight.pairs, out_features, torch.bfloat16)
 
     def onednn(weight):
         torch.ops.mkldnn._linear_pointwise(x, weight.onednn, None, "none", [], "")
+
+    def fp32(weight):
+        torch.ops.mkldnn._linear_pointwise(x32, weight, None, "none", [], "")
 
     def best(run) -> float:
         return min(_seconds(run, weights, repeats), _seconds(run, weights, repeats))
@@ -66,10 +73,14 @@ def measure(rows: int, in_features: int, out_features: int, num_weights: int,
         native_s = best(native)
     finally:
         kernels.use_amx(amx)
-    onednn_s = best(onednn)
-    row.update({"native_gflops": round(flops / native_s / 1e9, 1),
-                "onednn_gflops": round(flops / onednn_s / 1e9, 1),
-                "native_over_onednn": round(onednn_s / native_s, 2)})
+    row["native_gflops"] = round(flops / native_s / 1e9, 1)
+    if weights[0].onednn is not None:       # oneDNN packs bf16 on this CPU
+        onednn_s = best(onednn)
+        row.update({"onednn_gflops": round(flops / onednn_s / 1e9, 1),
+                    "native_over_onednn": round(onednn_s / native_s, 2)})
+    fp32_s = min(_seconds(fp32, fp32_weights, repeats), _seconds(fp32, fp32_weights, repeats))
+    row.update({"fp32_gflops": round(flops / fp32_s / 1e9, 1),
+                "native_over_fp32": round(fp32_s / native_s, 2)})
     return row
 
 
@@ -91,9 +102,11 @@ def main(argv=None) -> dict:
             row = measure(rows, in_features, out_features, count, args.repeats)
             results.append(row)
             amx = f"  AMX {row['amx_gflops']:6.1f}" if "amx_gflops" in row else ""
+            onednn = (f"  oneDNN bf16 {row['onednn_gflops']:6.1f} "
+                      f"({row['native_over_onednn']:.2f}x)" if "onednn_gflops" in row else "")
             print(f"{rows:5d} x {in_features:5d} -> {out_features:6d}{amx}  native "
-                  f"{row['native_gflops']:6.1f}  oneDNN {row['onednn_gflops']:6.1f} GFLOP/s  "
-                  f"({row['native_over_onednn']:.2f}x)", flush=True)
+                  f"{row['native_gflops']:6.1f}{onednn}  fp32 {row['fp32_gflops']:6.1f} "
+                  f"({row['native_over_fp32']:.2f}x) GFLOP/s", flush=True)
     report = {"threads": torch.get_num_threads(), "results": results}
     write_json(args.json, report)
     return report

@@ -6,7 +6,7 @@ read, by one pure function of what is known then.
 `source` says what the weights are (a GGUF file, an HF directory, a module) and whether
 one of our families has code for them; `kernels` are the facts of the native CPU
 kernels built for this CPU's ISA level (CpuKernels: the level, the block lanes, the
-int8 loop, whether the native bf16 GEMM exists), None where none serve. The plan names
+int8 loop, how the native bf16 GEMM multiplies), None where none serve. The plan names
 the compute dtype, whether a GGUF's blocks are multiplied natively and in which
 form, how projections and the LM head are held, the KV cache's dtype and the ISA
 level; or plan_load raises LoadRefused with the reason and what to use instead.
@@ -80,16 +80,21 @@ def dtype_mode(name: str | torch.dtype | None) -> DtypeMode:
 class CpuKernels:
     """What the plan reads of the native CPU kernels (kernels/native.py's
     NativeKernels): the ISA level they are built for, their block lanes (16, 8 or 1),
-    the int8-activation loop and whether the native bf16 GEMM exists."""
+    the int8-activation loop and how the native bf16 GEMM multiplies
+    (native.BF16_GEMMS: "avx512_bf16", "widening" on AVX2, or "none")."""
 
     isa: str
     block_lanes: int
     int8_path: str
-    has_bf16_gemm: bool
+    bf16_gemm: str
+
+    @property
+    def has_bf16_gemm(self) -> bool:
+        return self.bf16_gemm != "none"
 
     @classmethod
     def of(cls, kernels) -> "CpuKernels":
-        return cls(kernels.isa, kernels.block_lanes, kernels.int8_path, kernels.has_bf16_gemm)
+        return cls(kernels.isa, kernels.block_lanes, kernels.int8_path, kernels.bf16_gemm_kind)
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,9 @@ class LoadPlan:
     int8_activations: bool
     """The blocks repacked for int8 activations (models/int8_blocks.py)."""
     native_bf16: bool
-    """bf16 products run on the native bf16 GEMM (AVX512-BF16): bf16-weights then gives
-    a GGUF's large steps bf16 weights; without it the blocks keep every step."""
+    """bf16 products run on the native bf16 GEMM (AVX512-BF16, or widened to fp32 on
+    AVX2): bf16-weights then gives a GGUF's large steps bf16 weights; without it the
+    blocks keep every step."""
     dense_table: bool
     """The GGUF's embedding table also kept dense in fp32, for bf16-weights' LM head
     (its bf16 logits' top candidates redone in fp32)."""
@@ -200,13 +206,13 @@ def _check_int8_activations(on_blocks: bool, kernels: CpuKernels | None) -> None
 
 
 def _check_bf16_products(kernels: CpuKernels | None) -> None:
-    """bf16-weights on dense weights needs the native bf16 GEMM (AVX512-BF16): without
-    it torch's bf16 products widen in loops at about half float32's rate
-    (docs/benchmarks.md, "On an AVX2 CPU"). Without native kernels at all nothing is
-    known of the CPU, and torch's own paths serve."""
+    """bf16-weights on dense weights needs the native bf16 GEMM (AVX512-BF16, or the
+    widening tile on AVX2): without it torch's bf16 products widen in loops at about
+    half float32's rate (docs/benchmarks.md, "On an AVX2 CPU"). Without native kernels
+    at all nothing is known of the CPU, and torch's own paths serve."""
     if kernels is not None and not kernels.has_bf16_gemm:
         raise LoadRefused(f"dtype bf16-weights multiplies dense bf16 weights with the native "
-                          f"bf16 GEMM, which needs AVX512-BF16; on this CPU's {kernels.isa} "
+                          f"bf16 GEMM, which needs AVX2 or better; on this CPU's {kernels.isa} "
                           f"level torch's bf16 products run at about half float32's rate: "
                           f"use dtype float32 (a GGUF file's blocks serve bf16-weights here)")
 
@@ -224,7 +230,9 @@ def _methods(mode: DtypeMode, compute: torch.dtype, source: ModelSource, on_bloc
             return blocks, blocks
         if mode.weights == "bf16" and kernels.has_bf16_gemm:
             small = f"GGUF blocks up to {BF16_KERNEL_ROWS} rows"
-            return f"{small}, bf16 weights past them (native bf16 GEMM)", f"{small}; {rescored}"
+            gemm = "widened to fp32" if kernels.bf16_gemm == "widening" else "AVX512-BF16"
+            return (f"{small}, bf16 weights past them (native bf16 GEMM, {gemm})",
+                    f"{small}; {rescored}")
         blocks = f"GGUF blocks, fp32 activations ({kernels.block_lanes} lanes)"
         if mode.weights == "bf16":          # no native bf16 GEMM: torch's is slower
             blocks += "; no bf16 copy: no native bf16 GEMM at this level"

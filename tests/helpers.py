@@ -36,7 +36,7 @@ def _packs_bf16() -> bool:
 
 needs_bf16_gemm = pytest.mark.skipif(
     not has_bf16_gemm(), reason="the native bf16 GEMM (and the whole-layer stack on it) "
-    "needs a CPU with AVX512-BF16")
+    "needs AVX2 or better (x86)")
 """For tests of paths that exist only where the native bf16 GEMM is built (PackedStack,
 PairedMLP, the paired bf16 layers); everything else they touch runs everywhere."""
 needs_bf16_packing = pytest.mark.skipif(
@@ -158,11 +158,13 @@ def generate_and_inspect(model, prompts, max_new_tokens: int, warmup: bool = Fal
 
 def assert_blocks_decode_like_dense(blocked, dense, max_new_tokens: int) -> None:
     """The same GGUF model loaded with and without its block kernels: three prompts
-    decode to the same greedy tokens, logprobs within 2e-4. Both are fp32 products of
+    decode to the same greedy tokens, logprobs within 3e-4. Both are fp32 products of
     the same weights summed in different orders, and each is that far from the
     truth: on the Qwen2 copy (30 layers, a random qkv bias) teacher-forced in float64,
     torch's dense fp32 path is up to 1.3e-4 off, the AVX2 and AVX-512 block kernels
-    3e-5 to 5e-5, the plain C loops 1.8e-4."""
+    3e-5 to 5e-5, the plain C loops 1.8e-4; with torch held to AVX2 as well
+    (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA: an AVX2 host) block and dense paths are
+    2.0e-4 apart."""
     from engine import ContinuousBatchingConfig, GenerationConfig
 
     tokenizer = dense.tokenizer
@@ -174,7 +176,7 @@ def assert_blocks_decode_like_dense(blocked, dense, max_new_tokens: int) -> None
     want = list(dense.generate_batch(prompts, config, logprobs).values())
     assert [o.generated_tokens for o in got] == [o.generated_tokens for o in want]
     for mine, reference in zip(got, want):
-        assert mine.logprobs == pytest.approx(reference.logprobs, abs=2e-4)
+        assert mine.logprobs == pytest.approx(reference.logprobs, abs=3e-4)
 
 
 def runnable_isa_levels() -> list[str]:
@@ -188,6 +190,20 @@ def runnable_isa_levels() -> list[str]:
              for cap in ("generic", "avx2", "avx_vnni", "native")
              if cap == "native" or cap in _level_names()]
     return list(dict.fromkeys(names))
+
+
+def bf16_gemm_levels() -> list[str]:
+    """The runnable levels whose kernels have a native bf16 GEMM (AVX2 and above)."""
+    from engine.kernels import load_native_kernels
+    from engine.kernels.isa import machine_levels
+
+    levels = {level.name: level for level in machine_levels()}
+    found = []
+    for name in runnable_isa_levels():
+        kernels = load_native_kernels(level=levels[name]) if name in levels else None
+        if kernels is not None and kernels.has_bf16_gemm:
+            found.append(name)
+    return found
 
 
 def _level_names() -> list[str]:

@@ -1,5 +1,6 @@
-/* y[M, N] = x[M, K] @ W^T with bf16 x and W, fp32 accumulation (AVX512-BF16), for
- * the row counts of batched decode steps.
+/* y[M, N] = x[M, K] @ W^T with bf16 x and W, fp32 accumulation (AVX512-BF16, or on
+ * AVX2 the widening tile of bf16_tile_256.h over the same layout), for the row counts
+ * of batched decode steps.
  *
  * W is packed once at load in pairs: [ceil(N / 16)][K / 2][16] 32-bit words, word
  * (j, p, c) holding W[16 j + c][2p] and W[16 j + c][2p + 1] (zero past N). A row of
@@ -33,15 +34,22 @@
 #include "vector_math.h"
 #include "worker_pool.h"
 
-#define ROWS 8
 #define PANEL 3          /* 16-column vectors per panel */
 #define AMX_ROW_BLOCK 256  /* rows of x per AMX work item: 256 x 1,536 bf16 is 768 KB */
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+#define BF16_GEMM BF16_GEMM_DOT
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BF16_GEMM BF16_GEMM_WIDEN      /* the tile of bf16_tile_256.h */
+#else
+#define BF16_GEMM BF16_GEMM_NONE
+#endif
 
-int bf16_gemm_available(void) { return 1; }
+int bf16_gemm_available(void) { return BF16_GEMM; }
 
+#if BF16_GEMM != BF16_GEMM_NONE
 typedef struct {
     const uint16_t *x;
     int64_t x_stride;        /* bf16 elements from one row of x to the next */
@@ -60,6 +68,7 @@ typedef struct {
     const uint16_t *tail;    /* AMX, m > AMX_ROW_BLOCK not a multiple of 16: x's last
                                 m % 16 rows, then zero rows, 16 rows of k */
     const uint16_t *tiles;   /* AMX: x as whole A tiles (tile_x), or NULL: x itself */
+    const float *wide;       /* the widening tile: x in fp32, [m, k] contiguous */
 } GemmJob;
 
 /* The first column of y that vector v fills: 16 v, or for a gated layout the gate's
@@ -67,6 +76,13 @@ typedef struct {
 static inline int64_t column_of(const GemmJob *job, int64_t v) {
     return job->gated_inter ? (v & 1) * job->gated_inter + (v >> 1) * 16 : 16 * v;
 }
+
+static inline int64_t panel_count(const GemmJob *job) {
+    return (job->vectors + job->panel - 1) / job->panel;
+}
+
+#if BF16_GEMM == BF16_GEMM_DOT
+#define ROWS 8
 
 static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __m512 value) {
     const int64_t left = job->gated_inter ? 16 : job->n - column;
@@ -77,10 +93,6 @@ static inline void store_row(const GemmJob *job, int64_t row, int64_t column, __
     } else {
         _mm512_mask_storeu_ps((float *)job->y + row * job->y_stride + column, valid, value);
     }
-}
-
-static inline int64_t panel_count(const GemmJob *job) {
-    return (job->vectors + job->panel - 1) / job->panel;
 }
 
 /* act(gate) * up of one row into y (bf16), for the pair of vectors (gate j, up j)
@@ -175,33 +187,6 @@ static void amx_part(const GemmJob *job, int part) {
     bf16_amx_end();
 }
 
-/* Part `part` takes panels from job->panels (its own range first); each panel: all
- * rows, prefetching the panel after it while that one is in the same range. */
-static void gemm_part(const void *arg, int part, int parts) {
-    (void)parts;
-    const GemmJob *job = arg;
-    if (job->amx) {
-        amx_part(job, part);
-        return;
-    }
-    const int64_t panel_stride = job->k / 2 * 16;
-    int64_t panel, limit;
-    while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
-        const int64_t vector = panel * job->panel;
-        const int64_t width = job->vectors - vector < job->panel ? job->vectors - vector
-                                                                 : job->panel;
-        const uint32_t *next = panel + 1 < limit ? job->w + (vector + job->panel) * panel_stride
-                                                 : NULL;
-        for (int64_t row = 0; row < job->m; row += ROWS) {
-            const int64_t rows = job->m - row < ROWS ? job->m - row : ROWS;
-            const uint32_t *ahead = row == 0 ? next : NULL;
-            if (width == 3) tile(job, row, rows, vector, 3, ahead);
-            else if (width == 2) tile(job, row, rows, vector, 2, ahead);
-            else tile(job, row, rows, vector, 1, ahead);
-        }
-    }
-}
-
 /* x [m, k] (rows x_stride apart) as whole A tiles: tile (g, c), rows 16 g .. 16 g + 15
  * and values 32 c .. 32 c + 31 of K, is 1 KB contiguous at (g * k / 32 + c) * 512,
  * rows past m zero. NULL when out of memory. */
@@ -221,32 +206,82 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
         }
     return tiles;
 }
+#else
+#include "bf16_tile_256.h"
+#endif
 
-/* Runs the job on AMX tiles where they serve (K a multiple of 32), else on
- * AVX512-BF16. On the tiles, steps of up to AMX_ROW_BLOCK rows read x copied into
- * whole A tiles, zero rows past m (contiguous tile loads instead of 16 rows k apart,
- * so the weights stream faster); larger steps, whose copy would be
- * megabytes on one thread, read x in place, their last block of fewer than 16 rows
- * copied into a tile with zero rows. Returns 0, or 3 when a copy cannot be allocated. */
-static int run_gemm(GemmJob *job, int num_threads) {
-    uint16_t *padded = NULL;
-    job->amx = bf16_amx_on() && job->k % 32 == 0;
+/* Part `part` takes panels from job->panels (its own range first); each panel: all
+ * rows, prefetching the panel after it while that one is in the same range. */
+static void gemm_part(const void *arg, int part, int parts) {
+    (void)parts;
+    const GemmJob *job = arg;
+#if BF16_GEMM == BF16_GEMM_DOT
     if (job->amx) {
-        job->panel = 2;
-        const int64_t whole = job->m / 16 * 16, left = job->m - whole;
-        if (job->m <= AMX_ROW_BLOCK) {
-            padded = tile_x(job->x, job->x_stride, job->m, job->k);
-            if (!padded) return 3;
-            job->tiles = padded;
-        } else if (left) {
-            padded = calloc((size_t)(16 * job->k), sizeof(uint16_t));
-            if (!padded) return 3;
-            for (int64_t r = 0; r < left; r++)
-                memcpy(padded + r * job->k, job->x + (whole + r) * job->x_stride,
-                       (size_t)job->k * sizeof(uint16_t));
-            job->tail = padded;
+        amx_part(job, part);
+        return;
+    }
+#endif
+    const int64_t panel_stride = job->k / 2 * 16;
+    int64_t panel, limit;
+    while ((panel = work_ranges_take(job->panels, part, &limit)) >= 0) {
+        const int64_t vector = panel * job->panel;
+        const int64_t width = job->vectors - vector < job->panel ? job->vectors - vector
+                                                                 : job->panel;
+        const uint32_t *next = panel + 1 < limit ? job->w + (vector + job->panel) * panel_stride
+                                                 : NULL;
+        for (int64_t row = 0; row < job->m; row += ROWS) {
+            const int64_t rows = job->m - row < ROWS ? job->m - row : ROWS;
+            const uint32_t *ahead = row == 0 ? next : NULL;
+            if (width == 3) tile(job, row, rows, vector, 3, ahead);
+            else if (width == 2) tile(job, row, rows, vector, 2, ahead);
+            else tile(job, row, rows, vector, 1, ahead);
         }
     }
+}
+
+
+#if BF16_GEMM == BF16_GEMM_DOT
+/* Sets the job on AMX tiles where they serve (K a multiple of 32): steps of up to
+ * AMX_ROW_BLOCK rows read x copied into whole A tiles, zero rows past m (contiguous
+ * tile loads instead of 16 rows k apart, so the weights stream faster); larger steps,
+ * whose copy would be megabytes on one thread, read x in place, their last block of
+ * fewer than 16 rows copied into a tile with zero rows. Returns the copy to free (or
+ * NULL) in *copy; 0, or 3 when it cannot be allocated. */
+static int prepare_amx(GemmJob *job, void **copy) {
+    job->amx = bf16_amx_on() && job->k % 32 == 0;
+    if (!job->amx) return 0;
+    job->panel = 2;
+    const int64_t whole = job->m / 16 * 16, left = job->m - whole;
+    uint16_t *padded = NULL;
+    if (job->m <= AMX_ROW_BLOCK) {
+        padded = tile_x(job->x, job->x_stride, job->m, job->k);
+        if (!padded) return 3;
+        job->tiles = padded;
+    } else if (left) {
+        padded = calloc((size_t)(16 * job->k), sizeof(uint16_t));
+        if (!padded) return 3;
+        for (int64_t r = 0; r < left; r++)
+            memcpy(padded + r * job->k, job->x + (whole + r) * job->x_stride,
+                   (size_t)job->k * sizeof(uint16_t));
+        job->tail = padded;
+    }
+    *copy = padded;
+    return 0;
+}
+#endif
+
+/* Runs the job: on AMX tiles or AVX512-BF16 dot products, or the widening tile over x
+ * widened to fp32 once. Returns 0, or 3 when a copy of x cannot be allocated. */
+static int run_gemm(GemmJob *job, int num_threads) {
+    void *copy = NULL;
+#if BF16_GEMM == BF16_GEMM_DOT
+    const int status = prepare_amx(job, &copy);
+    if (status) return status;
+#else
+    copy = widen_rows(job->x, job->x_stride, job->m, job->k);
+    if (!copy) return 3;
+    job->wide = copy;
+#endif
     const int64_t panels = panel_count(job);
     const int64_t items = job->amx ? panels * ((job->m + AMX_ROW_BLOCK - 1) / AMX_ROW_BLOCK)
                                    : panels;
@@ -255,7 +290,7 @@ static int run_gemm(GemmJob *job, int num_threads) {
     work_ranges_init(&shared, items, parts);
     job->panels = &shared;
     run_parallel(gemm_part, job, parts);
-    free(padded);
+    free(copy);
     return 0;
 }
 
@@ -269,7 +304,7 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m,
     if (k % 2 || (gated_inter && (gated_inter % 16 || n != 2 * gated_inter))) return 1;
     if (m <= 0 || n <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, n, (n + 15) / 16, y, y_stride, y_bf16, gated_inter,
-                   0, PANEL, NULL, 0, NULL, NULL};
+                   0, PANEL, NULL, 0, NULL, NULL, NULL};
     return run_gemm(&job, num_threads);
 }
 
@@ -285,13 +320,11 @@ int bf16_gated_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int6
     if (activation != ACTIVATION_SILU && activation != ACTIVATION_GELU_TANH) return 1;
     if (m <= 0) return 0;
     GemmJob job = {x, x_stride, w, m, k, 2 * inter, inter / 8, y, y_stride, 1, inter,
-                   activation, 2, NULL, 0, NULL, NULL};
+                   activation, 2, NULL, 0, NULL, NULL, NULL};
     return run_gemm(&job, num_threads);
 }
 
 #else
-
-int bf16_gemm_available(void) { return 0; }
 
 int bf16_gemm(const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t m, int64_t k,
               int64_t n, void *y, int64_t y_stride, int y_bf16, int64_t gated_inter,

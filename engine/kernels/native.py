@@ -37,6 +37,11 @@ INT8_PATHS = {0: "portable", 1: "avx2", 2: "avx_vnni", 3: "avx512_vnni", 4: "neo
               5: "dotprod"}
 """int8_path()'s codes (kernels.h's INT8_*): the int8-activation kernels' loop."""
 
+BF16_GEMMS = {0: "none", 1: "avx512_bf16", 2: "widening"}
+"""bf16_gemm_available()'s codes (kernels.h's BF16_GEMM_*): how the native bf16 GEMM
+multiplies, AVX512-BF16 dot products or fp32 FMAs on weights widened in registers
+(AVX2), or "none" (no such GEMM in this build)."""
+
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}
 """The activations bf16_gated_gemm fuses (kernels.h's ACTIVATION_* codes)."""
 
@@ -75,11 +80,13 @@ class NativeKernels:
         self._per_thread = threading.local()
         """torch_threaded and num_threads of the calling engine thread (engines on
         other threads choose for themselves)."""
-        self.has_bf16_gemm = bool(library.bf16_gemm_available())
+        self.bf16_gemm_kind = BF16_GEMMS[library.bf16_gemm_available()]
+        """How bf16_gemm multiplies (BF16_GEMMS): "avx512_bf16", "widening" or "none"."""
+        self.has_bf16_gemm = self.bf16_gemm_kind != "none"
         self.amx = False
         """Whether bf16_gemm multiplies on AMX tiles (bf16_amx.c; KVSERVE_AMX=0 keeps
         the AVX512-BF16 loop); set by use_amx."""
-        if self.has_bf16_gemm:
+        if self.bf16_gemm_kind == "avx512_bf16":
             self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
         self.block_lanes = int(library.block_gemm_lanes())
         """16 (AVX-512), 8 (AVX2), 4 (AArch64's NEON) or 1: the vectors of the block
@@ -97,7 +104,8 @@ class NativeKernels:
         """Which routines this build runs, for the load log."""
         attention = ("vector passes" if self._library.attention_vectors_apply(64)
                      else "scalar loops")
-        bf16 = ("AMX tiles" if self.amx else "AVX512-BF16") if self.has_bf16_gemm else "none"
+        bf16 = {"avx512_bf16": "AMX tiles" if self.amx else "AVX512-BF16",
+                "widening": "widened to fp32 FMAs", "none": "none"}[self.bf16_gemm_kind]
         return (f"block kernels on {self.block_lanes} lanes, int8 loop {self.int8_path}, "
                 f"attention {attention}, bf16 GEMM {bf16}")
 

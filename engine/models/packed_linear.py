@@ -63,11 +63,13 @@ NATIVE_BF16_MAX_ROWS)."""
 @dataclass(eq=False)
 class PackedWeight:
     """A weight [out, in] packed once at load. `onednn`: oneDNN's blocked layout
-    (opaque: only oneDNN's linear reads it). `pairs`: for bf16 weights with an even
-    `in`, where the native kernels have a bf16 GEMM, the same weight as
-    [ceil(out / 16), in / 2, 16, 2] (bf16_gemm.c's layout), else None."""
+    (opaque: only oneDNN's linear reads it), or None where oneDNN cannot pack bf16
+    weights on this CPU (AVX2 without AVX-512) and the native GEMM takes every step.
+    `pairs`: for bf16 weights with an even `in`, where the native kernels have a bf16
+    GEMM, the same weight as [ceil(out / 16), in / 2, 16, 2] (bf16_gemm.c's layout),
+    else None. One of the two is always there."""
 
-    onednn: torch.Tensor
+    onednn: torch.Tensor | None
     pairs: torch.Tensor | None
     out_features: int
     kernels: object = None
@@ -76,7 +78,13 @@ class PackedWeight:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.onednn.dtype
+        return self.pairs.dtype if self.onednn is None else self.onednn.dtype
+
+    def native_rows(self, rows: int) -> bool:
+        """Whether a product of `rows` rows runs on the native bf16 GEMM (eagerly):
+        up to NATIVE_BF16_MAX_ROWS, or always where oneDNN holds no copy."""
+        return (self.pairs is not None and (rows <= NATIVE_BF16_MAX_ROWS or self.onednn is None)
+                and not torch.compiler.is_compiling())
 
 
 def bf16_pairs(weight: torch.Tensor) -> torch.Tensor:
@@ -94,11 +102,9 @@ def bf16_pairs(weight: torch.Tensor) -> torch.Tensor:
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
     """weight [out, in], CPU fp32 or bf16 -> its packed forms, or None where packing
     does not apply (another device or dtype, or a torch without the ops)."""
-    if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
-            or not packing_available(weight.dtype)):
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return None
     weight = weight.detach().contiguous()
-    onednn = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)
     kernels, pairs = None, None
     if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0:
         from ..kernels import default_kernels
@@ -106,6 +112,10 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
         kernels = default_kernels()
         if kernels is not None and kernels.has_bf16_gemm:
             pairs = bf16_pairs(weight)
+    onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)
+              if packing_available(weight.dtype) else None)
+    if onednn is None and pairs is None:
+        return None
     return PackedWeight(onednn, pairs, weight.shape[0], kernels if pairs is not None else None)
 
 
@@ -128,8 +138,7 @@ def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels,
     native pass from the gate/up GEMM's fp32 sums where the weight is paired
     (gate_pairs), else for SiLU the bf16 product, then gated_activation (`kernels`,
     or the weight's own); None for another activation there."""
-    if gate_up.gated_inter and x.shape[0] <= NATIVE_BF16_MAX_ROWS \
-            and not torch.compiler.is_compiling():
+    if gate_up.gated_inter and gate_up.native_rows(x.shape[0]):
         return gate_up.kernels.bf16_gemm(x, gate_up.pairs, gate_up.out_features, torch.bfloat16,
                                          gate_up.gated_inter, activation=activation)
     if activation != "silu":
@@ -160,6 +169,22 @@ def _(flat: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tens
     return flat.new_empty(flat.shape[0], out_features)
 
 
+@torch.library.custom_op("kvserve::native_bf16_matmul", mutates_args=())
+def native_bf16_matmul_op(flat: torch.Tensor, pairs: torch.Tensor, out_features: int,
+                          gated_inter: int) -> torch.Tensor:
+    """The native bf16 GEMM as an opaque op for traced layer steps, where oneDNN holds
+    no copy of the weight (dynamo cannot trace the ctypes call itself)."""
+    from ..kernels import default_kernels
+
+    return default_kernels().bf16_gemm(flat, pairs, out_features, torch.bfloat16, gated_inter)
+
+
+@native_bf16_matmul_op.register_fake
+def _(flat: torch.Tensor, pairs: torch.Tensor, out_features: int,
+      gated_inter: int) -> torch.Tensor:
+    return flat.new_empty(flat.shape[0], out_features, dtype=torch.bfloat16)
+
+
 def packed_linear(x: torch.Tensor, packed: PackedWeight,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., in] in the packed weight's dtype -> x @ weight.T [..., out], in the
@@ -167,13 +192,18 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight,
     they are, where the native GEMM serves; rounded through bf16 where oneDNN does)."""
     flat = x.reshape(-1, x.shape[-1])
     compiling = torch.compiler.is_compiling()
-    if packed.pairs is not None and flat.shape[0] <= NATIVE_BF16_MAX_ROWS and not compiling:
+    if packed.native_rows(flat.shape[0]):
         y = packed.kernels.bf16_gemm(flat, packed.pairs, packed.out_features,
                                      out_dtype or packed.dtype, packed.gated_inter)
     else:
         flat = flat.contiguous()
-        y = (packed_matmul_op(flat, packed.onednn, packed.out_features) if compiling else
-             torch.ops.mkldnn._linear_pointwise(flat, packed.onednn, None, "none", [], ""))
+        if packed.onednn is None:         # traced: the native GEMM as an opaque op
+            y = native_bf16_matmul_op(flat, packed.pairs, packed.out_features,
+                                      packed.gated_inter)
+        elif compiling:
+            y = packed_matmul_op(flat, packed.onednn, packed.out_features)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(flat, packed.onednn, None, "none", [], "")
         if out_dtype is not None and y.dtype != out_dtype:
             y = y.to(out_dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])

@@ -22,7 +22,7 @@ q and k head), Gemma 3's
 and sliding-window ones (Mistral, Gemma 3's local layers: each layer reads its
 attention group's contexts and, for Gemma 3, its own rotary tables), with bf16
 weights packed in pairs (qkv, o, gate/up in the gated layout, down), no biases but
-qkv's, and the AVX512-BF16 GEMM built. Models without GGUF blocks (a local directory in
+qkv's, and the native bf16 GEMM built (AVX512-BF16, or AVX2's widening tile). Models without GGUF blocks (a local directory in
 bf16-weights) have no block kernels, so the stack serves their steps from one row
 up. Qwen2's, Qwen3's and Mistral's stack equals their loop bit for bit; Gemma 3's loop
 runs its (1 + weight) norms and GELU as torch's ops, summed in another order, so there

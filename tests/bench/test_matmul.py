@@ -1,5 +1,5 @@
-"""bench.matmul times the native bf16 GEMM and oneDNN on the same packed weights and
-reports both rates and their ratio (and, where AMX serves, the tiles' rate too, the
+"""bench.matmul times the native bf16 GEMM, oneDNN on the same packed weights and
+float32's product, and reports the rates and ratios (and, where AMX serves, the tiles' rate too, the
 tiles left as they were)."""
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ def test_matmul_bench_reports_both_paths(tmp_path):
                    "--json", str(out)])
     assert [(r["rows"], r["in"], r["out"]) for r in report["results"]] == [(8, 256, 384), (33, 256, 384)]
     for row in report["results"]:
-        assert row["native_gflops"] > 0 and row["onednn_gflops"] > 0
+        assert row["native_gflops"] > 0 and row["onednn_gflops"] > 0 and row["fp32_gflops"] > 0
         assert ("amx_gflops" in row) == kernels.amx      # timed both ways where AMX serves
         # the rates are rounded to 0.1 GFLOP/s, the ratio comes from the raw times
         assert row["native_over_onednn"] == pytest.approx(
             row["native_gflops"] / row["onednn_gflops"], rel=0.15)
+        assert row["native_over_fp32"] == pytest.approx(
+            row["native_gflops"] / row["fp32_gflops"], rel=0.15)
     assert json.loads(out.read_text()) == report
     assert kernels.amx == serving

@@ -1,10 +1,11 @@
 """The native bf16 GEMM (engine/kernels/bf16_gemm.c) and its weight layout, on the
-AVX512-BF16 loop and on AMX tiles (bf16_amx.c): products of bf16 rows and weights
+AVX512-BF16 loop, on AMX tiles (bf16_amx.c) and on AVX2's widening tile
+(bf16_tile_256.h): products of bf16 rows and weights
 equal an fp64 product of the same bf16 values up to fp32 accumulation, at every row
-and column remainder of the loop's 8-row, 48-column tiles and of AMX's 16-row
-tiles, 32-column panels and 256-row blocks, K a multiple of 32 or not; bf16
+and column remainder of the loops' 8- and 4-row, 48-column tiles and of AMX's
+16-row tiles, 32-column panels and 256-row blocks, K a multiple of 32 or not; bf16
 output is that result rounded; packed_linear sends small steps to it and large ones
-to oneDNN; a gated MLP's paired gate/up gives the unfused activation of its fp32
+to oneDNN (every step where oneDNN holds no copy); a gated MLP's paired gate/up gives the unfused activation of its fp32
 sums, bit for bit."""
 
 from __future__ import annotations
@@ -12,19 +13,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import load_native_kernels
-from engine.models.packed_linear import (NATIVE_BF16_MAX_ROWS, bf16_pairs, gate_pairs,
-                                         pack_weight, packed_gated, packed_linear)
+from engine.kernels import default_kernels, load_native_kernels
+from engine.models.packed_linear import (NATIVE_BF16_MAX_ROWS, PackedWeight, bf16_pairs,
+                                         gate_pairs, pack_weight, packed_gated, packed_linear)
+from tests.helpers import cpu_isa, runnable_isa_levels
 
 
-@pytest.fixture(scope="module", params=["avx512-bf16", "amx"])
+@pytest.fixture(scope="module", params=["avx512-bf16", "amx", "widening"])
 def kernels(request):
     """The kernels with the GEMM on the AVX512-BF16 loop, then on AMX tiles (where the
-    CPU has them; K a multiple of 32 takes the tiles, others the loop)."""
+    CPU has them; K a multiple of 32 takes the tiles, others the loop), then on the
+    avx2 level's widening tile (the selected level while it runs, so pack_weight and
+    packed_linear take it too)."""
+    if request.param == "widening":
+        if "avx2" not in runnable_isa_levels():
+            pytest.skip("this CPU has no AVX2")
+        with cpu_isa("avx2"):
+            built = default_kernels()
+            assert built is not None and built.bf16_gemm_kind == "widening"
+            yield built
+        return
     built = load_native_kernels()
     assert built is not None, "a C compiler is part of this project's CI machine"
-    if not built.has_bf16_gemm:
-        pytest.skip("this CPU has no AVX512-BF16: packed_linear keeps oneDNN")
+    if built.bf16_gemm_kind != "avx512_bf16":
+        pytest.skip("this CPU has no AVX512-BF16 (the widening tile serves it)")
     serving = built.amx
     if built.use_amx(request.param == "amx") != (request.param == "amx"):
         built.use_amx(serving)
@@ -79,15 +91,29 @@ def test_packed_linear_takes_the_native_gemm_for_small_steps_only(kernels):
         x = torch.randn(rows, 64, generator=generator).bfloat16()
         native = kernels.bf16_gemm(x, packed.pairs, 96, torch.float32)
         got = packed_linear(x, packed, torch.float32)
-        onednn = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, None, "none", [], "")
-        if rows <= NATIVE_BF16_MAX_ROWS:
+        if rows <= NATIVE_BF16_MAX_ROWS or packed.onednn is None:   # (oneDNN packs no bf16)
             assert torch.equal(got, native)            # fp32 accumulators, not rounded
         else:
+            onednn = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, None, "none", [], "")
             assert torch.equal(got, onednn.float())    # oneDNN rounds through bf16
         torch.testing.assert_close(got, x.float() @ weight.float().T, rtol=1e-2, atol=2e-2)
     assert packed_linear(x, packed).dtype == torch.bfloat16
-    assert pack_weight(torch.randn(8, 5).bfloat16()).pairs is None      # odd K: oneDNN only
+    odd = pack_weight(torch.randn(8, 5).bfloat16())                     # odd K: oneDNN only
+    assert odd is None or odd.pairs is None
     assert pack_weight(torch.randn(8, 6)).pairs is None                 # fp32: oneDNN only
+
+
+def test_without_a_onednn_copy_the_native_gemm_takes_every_step(kernels):
+    """Where oneDNN cannot pack bf16 weights (AVX2 CPUs) pack_weight keeps the pairs
+    alone: large steps run on the native GEMM too, not on torch's bf16 loops."""
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(40, 64, generator=generator).bfloat16()
+    packed = PackedWeight(None, bf16_pairs(weight), 40, kernels)
+    assert packed.dtype == torch.bfloat16
+    for rows in (3, NATIVE_BF16_MAX_ROWS + 50):
+        x = torch.randn(rows, 64, generator=generator).bfloat16()
+        got = packed_linear(x, packed, torch.float32)
+        assert torch.equal(got, kernels.bf16_gemm(x, packed.pairs, 40, torch.float32))
 
 
 def test_paired_gate_up_gives_the_activation_of_its_fp32_sums(kernels):
@@ -104,7 +130,7 @@ def test_paired_gate_up_gives_the_activation_of_its_fp32_sums(kernels):
         assert torch.equal(packed_linear(x, paired, torch.float32), sums)
         got = packed_gated(x, paired, kernels)
         assert got.shape == (rows, inter) and got.dtype == torch.bfloat16
-        if rows <= NATIVE_BF16_MAX_ROWS:      # silu of the fp32 sums, rounded once
+        if paired.native_rows(rows):          # silu of the fp32 sums, rounded once
             assert torch.equal(got, kernels.gated_activation(sums).bfloat16())
         else:                                 # oneDNN's bf16 product, then gated_activation
             assert torch.equal(got, kernels.gated_activation(packed_linear(x, plain)))
@@ -128,7 +154,10 @@ def test_paired_gate_up_with_gelu_tanh(kernels):
     ulp = want.abs().clamp_min(1e-3) * 2 ** -7
     assert torch.all((got - want).abs() <= ulp)
     big = torch.randn(NATIVE_BF16_MAX_ROWS + 1, in_features, generator=generator).bfloat16()
-    assert packed_gated(big, paired, kernels, "gelu_tanh") is None
+    if paired.onednn is not None:
+        assert packed_gated(big, paired, kernels, "gelu_tanh") is None
+    else:                                     # the native GEMM takes every step
+        assert packed_gated(big, paired, kernels, "gelu_tanh").shape == (big.shape[0], inter)
 
 
 def test_amx_tiles_take_the_products_where_the_cpu_has_them():

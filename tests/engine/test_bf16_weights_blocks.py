@@ -149,11 +149,10 @@ def test_default_model_in_bf16_weights_keeps_small_steps_exact():
     layers = list(mixed.module.layers)
     projections = [m for layer in layers for m in layer.modules() if isinstance(m, BlockLinear)]
     assert len(projections) == 4 * len(layers)
-    if packing_available(torch.bfloat16):     # else the bf16 weights stay unpacked
-        assert all(p.packed is not None and p.packed.dtype == torch.bfloat16
-                   and p.weight is None for p in projections)
-    else:
-        assert all(p.packed is None and p.weight.dtype == torch.bfloat16 for p in projections)
+    assert all(p.packed is not None and p.packed.pairs is not None        # the native GEMM's
+               and p.weight is None for p in projections)
+    assert all((p.packed.onednn is not None) == packing_available(torch.bfloat16)
+               for p in projections)                                    # and oneDNN's copy
     assert all(p.max_rows == BF16_KERNEL_ROWS for p in projections)
     assert all(isinstance(e, FastDecodeLayer)
                for e in layer_executors(mixed.module, FastDecodeLayer))
@@ -228,12 +227,12 @@ def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
 
 
 @pytest.mark.slow
-def test_without_the_native_bf16_gemm_the_blocks_keep_every_step():
-    """On the AVX2 level (no native bf16 GEMM: bf16 products would run on torch's
+def test_without_the_native_bf16_gemm_a_gguf_keeps_float32s_methods():
+    """On the generic level (no native bf16 GEMM: bf16 products would run on torch's
     widening loops, slower than the blocks) bf16-weights keeps a GGUF's blocks and
     block head as float32 does, and only its KV cache is bf16: with an fp32 cache the
     logprobs are float32's exactly."""
-    with cpu_isa("avx2"):
+    with cpu_isa("generic"):
         mixed = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
         same = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False,
                           kv_cache_dtype="float32")
@@ -243,7 +242,9 @@ def test_without_the_native_bf16_gemm_the_blocks_keep_every_step():
         projections = [m for layer in layers for m in layer.modules()
                        if isinstance(m, BlockLinear)]
         assert len(projections) == 4 * len(layers)
-        assert all(p.weight is None and p.packed is None for p in projections)
+        assert all(p.packed is None or p.packed.dtype == torch.float32    # float32's dense
+                   for p in projections)                                # copy past its rows
+        assert all(p.weight is None or p.weight.dtype == torch.float32 for p in projections)
         assert isinstance(mixed.module.lm_head, BlockLinear)
         prompts = [exact.tokenizer.encode(text) for text in ("The three primary colors are",
                                                             "def add(a, b):")]

@@ -69,4 +69,4 @@ def test_a_capped_library_holds_no_instruction_above_its_level(level, monkeypatc
         assert register not in code, f"{level} build uses {register}"
     assert kernels.block_lanes == (8 if level == "avx2" else 1)
     assert kernels.int8_path == ("avx2" if level == "avx2" else "portable")
-    assert not kernels.has_bf16_gemm
+    assert kernels.bf16_gemm_kind == ("widening" if level == "avx2" else "none")

@@ -12,9 +12,9 @@ from engine.load_plan import (DTYPE_NAMES, CpuKernels, LoadRefused, ModelSource,
                               plan_load)
 
 LEVELS = {
-    "avx512-bf16": CpuKernels("avx512", 16, "avx512_vnni", True),
-    "avx2": CpuKernels("avx2", 8, "avx2", False),
-    "generic": CpuKernels("generic", 1, "portable", False),
+    "avx512-bf16": CpuKernels("avx512", 16, "avx512_vnni", "avx512_bf16"),
+    "avx2": CpuKernels("avx2", 8, "avx2", "widening"),
+    "generic": CpuKernels("generic", 1, "portable", "none"),
     "none": None,                                 # no C compiler: no native kernels
 }
 SOURCES = {"gguf": ModelSource("gguf", True), "hf": ModelSource("hf", True),
@@ -44,8 +44,7 @@ def expected(dtype: str, source: str, device: str, level: str):
         return "about half float32's rate: use dtype float32"
     if blocks and dtype == "bf16-weights":
         method = ("GGUF blocks up to 2 rows, bf16 weights" if kernels.has_bf16_gemm
-                  else "GGUF blocks, fp32 activations (8 lanes); no bf16 copy"
-                  if kernels.block_lanes == 8 else "GGUF blocks, fp32 activations (1 lanes)")
+                  else "GGUF blocks, fp32 activations (1 lanes); no bf16 copy")
         return compute, True, False, method, torch.bfloat16
     if blocks:
         return compute, True, False, f"GGUF blocks, fp32 activations ({kernels.block_lanes}", None
@@ -86,6 +85,8 @@ def test_a_ggufs_blocks_are_named_where_they_are_made_dense_or_requantized():
                                                              block_kernels=False,
                                                              kernels=avx2).projections
     assert not plan_load("float32", gguf, "cpu", tp_size=2, kernels=avx2).block_kernels
+    assert "(native bf16 GEMM, widened to fp32)" in plan_load("bf16-weights", gguf, "cpu",
+                                                              kernels=avx2).projections
 
 
 def test_tensor_parallelism_needs_one_of_our_families():

@@ -5,7 +5,7 @@ import torch
 
 from engine import load_model
 from engine.loading import ModelLoadError, resolve_model_dir
-from tests.helpers import cpu_isa, needs_bf16_gemm
+from tests.helpers import bf16_gemm_levels, cpu_isa, needs_bf16_gemm
 
 
 def test_local_directory_and_transformers_model_load_the_same_weights(tiny_models):
@@ -91,24 +91,28 @@ def test_float32_cpu_models_multiply_weights_packed_for_onednn(tiny_models):
     torch.testing.assert_close(model.prompt_logits(ids), want, atol=1e-5, rtol=1e-4)
 
 
-@needs_bf16_gemm
-def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models):
+@pytest.mark.parametrize("level", bf16_gemm_levels())
+def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models, level):
+    """On every level with a native bf16 GEMM (AVX2's widening tile, AVX512-BF16):
+    bf16 weights in its pairs, fp32 activations, logits close to the checkpoint's."""
     from engine.models.mixed_precision import Bf16WeightLinear
 
     path, reference = tiny_models["qwen2"]                 # qkv bias, tied embeddings
-    model = load_model(path, dtype="bf16-weights", progress=False)
-    projections = [m for m in model.module.modules() if isinstance(m, Bf16WeightLinear)]
-    assert len(projections) == 4 * len(model.module.layers)
-    assert all((p.weight if p.packed is None else p.packed).dtype == torch.bfloat16
-               for p in projections)
-    assert model.dtype == torch.float32 and model.module.embed_tokens.weight.dtype == torch.float32
-    ids = [5, 9, 13, 17, 21, 40]
-    with torch.inference_mode():
-        want = reference(torch.tensor([ids])).logits[0]
-    got = model.prompt_logits(ids)
-    assert got.dtype == torch.float32
-    assert (got - want).abs().max() < 0.05                 # close, not exact: bf16 weights
-    assert (got - want).abs().max() > 0                    # and really rounded
+    with cpu_isa(level):
+        model = load_model(path, dtype="bf16-weights", progress=False)
+        projections = [m for m in model.module.modules() if isinstance(m, Bf16WeightLinear)]
+        assert len(projections) == 4 * len(model.module.layers)
+        assert all(p.packed is not None and p.packed.pairs is not None
+                   and p.packed.kernels.isa == level for p in projections)
+        assert model.dtype == torch.float32
+        assert model.module.embed_tokens.weight.dtype == torch.float32
+        ids = [5, 9, 13, 17, 21, 40]
+        with torch.inference_mode():
+            want = reference(torch.tensor([ids])).logits[0]
+        got = model.prompt_logits(ids)
+        assert got.dtype == torch.float32
+        assert (got - want).abs().max() < 0.05                 # close, not exact: bf16 weights
+        assert (got - want).abs().max() > 0                    # and really rounded
 
 
 def test_bf16_weights_on_dense_weights_is_refused_without_the_native_bf16_gemm(tiny_models):
