@@ -48,6 +48,7 @@ from typing import Any, Callable
 import torch
 
 from .attention.torch_backend import compile_boundary
+from .kernels.isa import torch_held_below_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ def plan_compile(config, device: torch.device, flash_varlen: bool, fast_path: bo
         decode = None
     if distributed and (varlen or decode):
         logger.warning("compile off: tensor parallelism")
+        return CompilePlan()
+    held = torch_held_below_cpu() if device.type == "cpu" and (varlen or decode) else None
+    if held:
+        logger.warning("compile off: torch is held to %s below this CPU's level "
+                       "(ATEN_CPU_CAPABILITY), where inductor's code and ATen's disagree", held)
         return CompilePlan()
     for settings in (s for s in (varlen, decode) if s is not None):
         if device.type == "cuda" and _records_cuda_graphs(settings):

@@ -39,6 +39,17 @@ needs_bf16_gemm = pytest.mark.skipif(
     "needs AVX2 or better (x86)")
 """For tests of paths that exist only where the native bf16 GEMM is built (PackedStack,
 PairedMLP, the paired bf16 layers); everything else they touch runs everywhere."""
+def _torch_held() -> str | None:
+    from engine.kernels.isa import torch_held_below_cpu
+
+    return torch_held_below_cpu()
+
+
+needs_torch_at_cpu_level = pytest.mark.skipif(
+    _torch_held() is not None, reason="torch is held below this CPU's level "
+    "(ATEN_CPU_CAPABILITY, as an emulated AVX2 run sets it): inductor's code disagrees "
+    "with ATen's there and compile_paths refuses to compile")
+"""For tests that compile layer steps on CPU (an emulated lower level cannot)."""
 needs_bf16_packing = pytest.mark.skipif(
     not _packs_bf16(), reason="oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, "
     "DQ) or AVX-NE-CONVERT")

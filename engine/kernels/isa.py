@@ -135,3 +135,20 @@ def cap_torch(level: IsaLevel) -> None:
     onednn = {"generic": "SSE41", "avx2": "AVX2", "avx_vnni": "AVX2_VNNI"}.get(level.name)
     if onednn:
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", onednn)
+
+
+TORCH_CAPABILITIES = ("default", "avx2", "avx512")
+"""ATEN_CPU_CAPABILITY's values, lowest first."""
+
+
+def torch_held_below_cpu() -> str | None:
+    """ATEN_CPU_CAPABILITY's value where it holds torch below this CPU's best level
+    (cap_torch under --cpu-isa, or the environment), else None. inductor's CPU code
+    then disagrees with ATen's (a tiny Llama's compiled steps gave token 0 throughout
+    on an AVX-512 host held to avx2), so compile_paths.plan_compile refuses there."""
+    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    best = choose_level(cpu_features()).torch_capability
+    if held in TORCH_CAPABILITIES and best in TORCH_CAPABILITIES \
+            and TORCH_CAPABILITIES.index(held) < TORCH_CAPABILITIES.index(best):
+        return held
+    return None

@@ -106,10 +106,13 @@ static inline __m512 gelu_tanh_times16(__m512 gate, __m512 up) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), twice_u));
     return _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, e)), up);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-/* AVX2 builds (no AVX-512): the same helpers on eight lanes. */
+/* The same helpers on eight lanes: AVX2 builds' own, and in AVX-512 builds those of
+ * the tiles kept at 256 bits (bf16_tile_256.h where AVX512-BF16 is missing). */
 
 static inline float sum8(__m256 v) {        /* the sum of the 8 lanes */
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

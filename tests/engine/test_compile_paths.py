@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 import torch
 from torch._dynamo.utils import counters
 
 from engine import ContinuousBatchingConfig, GenerationConfig
 from engine.compile_paths import CompileSettings, plan_compile
-from tests.helpers import random_prompts, reference_greedy
+from tests.helpers import needs_torch_at_cpu_level, random_prompts, reference_greedy
 
+pytestmark = needs_torch_at_cpu_level
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
@@ -52,6 +55,21 @@ def test_explicit_configs_win_and_cpu_ignores_levels(caplog):
     assert cpu.varlen == CompileSettings(dynamic=True) and cpu.decode is None
     assert "no compile settings on CPU" in caplog.text
     assert "decode_compile_config ignored: the decode fast path is off" in caplog.text
+
+
+def test_no_compile_where_torch_is_held_below_the_cpu(caplog, monkeypatch):
+    """--cpu-isa avx2 on a bigger CPU holds ATen to AVX2 (isa.cap_torch); inductor's CPU
+    code then disagrees with ATen's (a tiny Llama's compiled steps gave token 0
+    throughout), so CPU steps are not compiled; GPU steps are not affected."""
+    from engine.kernels.isa import choose_level, cpu_features
+
+    if choose_level(cpu_features()).torch_capability == "default":
+        pytest.skip("this CPU's best level is torch's lowest")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+        assert plan(CPU, varlen_compile_config={"dynamic": True}) == plan()
+    assert "compile off: torch is held to default" in caplog.text
+    assert plan(CUDA, varlen_compile_config={"dynamic": True}).varlen is not None
 
 
 def test_tensor_parallelism_and_cuda_graph_modes_are_named(caplog):

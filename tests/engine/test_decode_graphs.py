@@ -28,7 +28,7 @@ from engine.requests import RequestState
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, ScheduledRequest
 from tests.engine.flash_reference import CountingFunctions, with_kvcache
-from tests.helpers import random_prompts
+from tests.helpers import needs_torch_at_cpu_level, random_prompts
 
 PAGE = 256
 NUM_BLOCKS = 7
@@ -155,7 +155,8 @@ def _decode_step(requests: list[RequestState]) -> ScheduledBatch:
     return ScheduledBatch([ScheduledRequest(r, r.num_tokens - 1, 1, True) for r in requests], [])
 
 
-@pytest.mark.parametrize("backend", ["flash", "torch", "torch-compiled"])
+@pytest.mark.parametrize("backend", ["flash", "torch", pytest.param(
+    "torch-compiled", marks=needs_torch_at_cpu_level)])
 def test_padded_steps_equal_plain_steps(tiny_llama, backend):
     """The flash backend (on the reference of its kernels) and the torch backend's
     fixed-width decode, which accelerators without flash-attn replay; and that one
