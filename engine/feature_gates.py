@@ -13,6 +13,7 @@ import torch
 
 from .config import ContinuousBatchingConfig
 from .decode_tables import DecodeTables, decode_tables_for
+from .model_spec import EngineModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def decode_graphs(config: ContinuousBatchingConfig, fast_path: bool, device,
     if wanted is False:
         return None
     reason = None
-    if getattr(device, "type", device) != "cuda":
+    if device.type != "cuda":
         reason = "no CUDA device"
     elif not fast_path:
         reason = "the decode fast path is off"
@@ -92,7 +93,7 @@ def async_batching(config: ContinuousBatchingConfig, graphs: str | None, device,
     if wanted and distributed:
         logger.warning("async batching off: tensor parallelism")
         return False
-    if wanted and getattr(device, "type", device) == "cpu":
+    if wanted and device.type == "cpu":
         logger.info("async batching on a CPU: steps run as they are queued, nothing overlaps")
     return bool(wanted)
 
@@ -106,11 +107,12 @@ class DecodePlan:
     """"capture" when its steps get CUDA graphs."""
 
 
-def plan_decode_paths(config: ContinuousBatchingConfig, module, device: torch.device,
-                      page_size: int, kv_dtype: torch.dtype, workload_hints: dict,
-                      distributed: bool) -> DecodePlan:
-    """Per manager: on CUDA the attention backend (flash where it serves this page
-    size, see attention/backend.py), then the decode fast path and its graphs."""
+def plan_decode_paths(config: ContinuousBatchingConfig, module, spec: EngineModelSpec,
+                      device: torch.device, page_size: int, kv_dtype: torch.dtype,
+                      workload_hints: dict, distributed: bool) -> DecodePlan:
+    """Per manager: on CUDA the attention backend of `module` (flash where it serves
+    this page size, see attention/backend.py), then the decode fast path and its
+    graphs, from the model's `spec`."""
     from .attention.backend import switch_to_cb_friendly_attn
     from .kv_cache.sizing import resolve_max_blocks_per_request
 
@@ -118,12 +120,10 @@ def plan_decode_paths(config: ContinuousBatchingConfig, module, device: torch.de
         switch_to_cb_friendly_attn(module, config.auto_switch_to_flash, page_size)
     backend = module.attn_backend
     max_blocks = resolve_max_blocks_per_request(config, page_size, workload_hints)
-    on = decode_fast_path(config, max_blocks, getattr(module, "sliding_window", None),
-                          backend, device)
+    on = decode_fast_path(config, max_blocks, spec.sliding_window, backend, device)
     tables = None
     if on:
-        element_size = torch.empty((), dtype=kv_dtype).element_size()
         tables = decode_tables_for(backend.needs_block_tables, max_blocks, page_size,
                                    config.kv_padding_interval_size,
-                                   2 * module.num_kv_heads * module.head_dim * element_size)
+                                   spec.kv_bytes_per_token(kv_dtype))
     return DecodePlan(max_blocks, tables, decode_graphs(config, on, device, distributed))

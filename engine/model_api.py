@@ -39,7 +39,7 @@ class EngineModel:
                                         resolve_eos(self.generation_config.eos_token_id, None))
         """Compiles `grammar=` specs against this model's tokenizer (grammar.py); one
         per model, so the tokenizer's index is built once however many managers run."""
-        self.tp_group = getattr(module, "tp_group", None)
+        self.tp_group = module.tp_group
         """TensorParallelGroup when the weights are sharded over torchrun ranks."""
 
     def _resolve_generation_config(self, generation_config) -> GenerationConfig:
@@ -251,7 +251,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     else:
         module = _transformers_family(source, config, plan.compute, device)
     if plan.kv_cache is not None:
-        module.kv_cache_dtype = plan.kv_cache
+        module.use_kv_cache_dtype(plan.kv_cache)
     if tokenizer_loading is not None:
         tokenizer = tokenizer_loading.result()
     model = EngineModel(module, config, tokenizer or None, generation_config)
@@ -350,7 +350,7 @@ def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_s
     module = shard_model(build_model(config, state, dtype, torch.device("cpu")), group)
     module = module.to(group.device)
     module.reset_buffers(group.device)
-    module.tp_group = group
+    module.use_tensor_parallel(group)
     return module
 
 

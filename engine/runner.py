@@ -14,7 +14,7 @@ from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
 from .grammar_masks import NO_MASKS, GrammarMasks
 from .distributed import StepPlan, StepSync, to_device
-from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots, kv_cache_dtype
+from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
 from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
 from .models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
@@ -47,26 +47,26 @@ class ModelRunner:
         self.device = parameter.device
         self.dtype = parameter.dtype
         self.page_size = sizing.page_size
-        self.kv_dtype = kv_cache_dtype(self.device, self.dtype,
-                                       getattr(model, "kv_cache_dtype", None))
-        self.sliding_window = getattr(model, "sliding_window", None)
-        layer_is_sliding = getattr(model, "layer_is_sliding", [False] * len(model.layers))
+        spec = model.engine_spec()
+        self.kv_dtype = spec.kv_dtype(self.device, self.dtype)
+        self.sliding_window = spec.sliding_window
         self.sliding_pool = bool(sizing.num_sliding_blocks)
-        self.has_full_layers = not all(layer_is_sliding)
+        self.has_full_layers = spec.has_full_layers
         scratch_blocks = 1 if decode_graphs and decode_tables else 0   # graphs' padding page
         layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
-                            else sizing.num_blocks + scratch_blocks for sliding in layer_is_sliding]
+                            else sizing.num_blocks + scratch_blocks
+                            for sliding in spec.layer_is_sliding]
         self.cache = PagedKVCache(
-            num_layers=len(model.layers), num_blocks=sizing.num_blocks + scratch_blocks,
-            page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim, dtype=self.kv_dtype, device=self.device,
+            num_layers=spec.num_layers, num_blocks=sizing.num_blocks + scratch_blocks,
+            page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, dtype=self.kv_dtype, device=self.device,
             layer_num_blocks=layer_num_blocks)
         self.offload_cache = None
         if num_offload_blocks:
             self.offload_cache = PagedKVCache(
-                num_layers=len(model.layers), num_blocks=num_offload_blocks,
-                page_size=sizing.page_size, num_kv_heads=model.num_kv_heads,
-                head_dim=model.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
+                num_layers=spec.num_layers, num_blocks=num_offload_blocks,
+                page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
                 pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device, seed)
         self.grammar_masks = GrammarMasks(self.device)
@@ -80,7 +80,7 @@ class ModelRunner:
             self.small_step_tokens = min(max(kernel_rows), PANEL_KERNEL_ROWS)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
-                             and self.native_kernels.vector_attention(model.head_dim))
+                             and self.native_kernels.vector_attention(spec.head_dim))
         """Short prefill chunks run as per-row queries of the native attention kernel
         (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
         self.decode_tables = decode_tables
@@ -181,7 +181,7 @@ class ModelRunner:
     def _inputs(self, batch: ScheduledBatch, device: torch.device | None = None) -> StepInputs:
         if device is None:
             device = self.device if self.step_sync is None else torch.device("cpu")
-        paged_tables = getattr(self.model.attn_backend, "needs_block_tables", False)
+        paged_tables = self.model.attn_backend.needs_block_tables
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
                                  self.has_full_layers, self.step_queries and not paged_tables,

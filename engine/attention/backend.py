@@ -68,19 +68,16 @@ def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
 def keep_backend_fit(model, page_size: int) -> str:
     """Keep `model`'s backend unless it pages through block tables (flash) and this
     page size or device cannot serve it: then the torch backend. Returns its name."""
-    if getattr(model.attn_backend, "needs_block_tables", False) and _flash_refusal(
-            model, page_size):
+    if model.attn_backend.needs_block_tables and _flash_refusal(model, page_size):
         model.attn_backend = get_backend("torch")
     return model.attn_backend.name
 
 
 def _flash_refusal(model, page_size: int | None) -> str | None:
     """Why flash attention cannot serve `model` with pages of `page_size`, or None."""
-    from ..kv_cache.paged_cache import kv_cache_dtype
     from .flash_backend import flash_unsupported_reason
 
-    parameter = next(model.parameters())
-    cache_dtype = kv_cache_dtype(parameter.device, parameter.dtype,
-                                 getattr(model, "kv_cache_dtype", None))
-    return flash_unsupported_reason(parameter.device, cache_dtype, page_size,
-                                    getattr(model, "head_dim", None))
+    parameter, spec = next(model.parameters()), model.engine_spec()
+    return flash_unsupported_reason(parameter.device,
+                                    spec.kv_dtype(parameter.device, parameter.dtype),
+                                    page_size, spec.head_dim)

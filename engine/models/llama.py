@@ -16,6 +16,7 @@ from torch import nn
 from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
+from ..model_spec import EngineModelSpec
 from .executors import Executors, LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
 from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
@@ -175,6 +176,30 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.executors = Executors()
         """How steps may run besides the modules (executors.py): set once at load by
         use_executors."""
+        self.kv_cache_dtype: torch.dtype | None = None
+        """The KV cache's element type the load plan chose (None: the device's
+        default); set by use_kv_cache_dtype."""
+        self.tp_group = None
+        """TensorParallelGroup when the weights are sharded over torchrun ranks; set by
+        use_tensor_parallel."""
+
+    def engine_spec(self) -> EngineModelSpec:
+        """What the engine needs of this model (model_spec.py)."""
+        config = self.config
+        return EngineModelSpec(
+            num_layers=len(self.layers), num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            layer_is_sliding=tuple(self.layer_is_sliding), sliding_window=self.sliding_window,
+            kv_cache_dtype=self.kv_cache_dtype, hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            max_context=config.max_position_embeddings)
+
+    def use_kv_cache_dtype(self, dtype: torch.dtype | None) -> None:
+        """The KV cache's element type (load_plan.LoadPlan.kv_cache)."""
+        self.kv_cache_dtype = dtype
+
+    def use_tensor_parallel(self, group) -> None:
+        """This rank's group, once the weights are sharded (distributed/sharding.py)."""
+        self.tp_group = group
 
     def use_executors(self, executors: Executors) -> None:
         """The executors chosen for this model (executor_choice.py)."""

@@ -139,7 +139,7 @@ def use_bf16_weights(model: nn.Module, native_bf16: bool) -> nn.Module:
         if exact_head is not None:
             exact_head.max_rows = BF16_KERNEL_ROWS
         model.use_lm_head(Bf16RescoredHead(weight, exact_head))
-    model.kv_cache_dtype = torch.bfloat16
+    model.use_kv_cache_dtype(torch.bfloat16)
     return model
 
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from ..attention.backend import get_backend
 from ..attention.metadata import AttentionMetadata
+from ..model_spec import EngineModelSpec
 
 ATTENTION_NAME = "kvserve_paged"
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -217,6 +218,26 @@ class TransformersCausalLM(nn.Module):
         self.logit_traits = {name: float(getattr(config, name)) for name in LOGIT_TRAITS
                              if getattr(config, name, None) is not None}
         self.attn_backend = get_backend("torch")
+        self.kv_cache_dtype: torch.dtype | None = None
+        """The KV cache's element type the load plan chose (None: the device's default)."""
+        self.tp_group = None
+        """Always None: transformers' modeling code is not sharded (load_plan refuses)."""
+
+    def engine_spec(self) -> EngineModelSpec:
+        """What the engine needs of this model (model_spec.py); configs name their MLP
+        size and context length in many ways, so the ones missing get fallbacks."""
+        config = self.config
+        intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+        return EngineModelSpec(
+            num_layers=len(self.layers), num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            layer_is_sliding=tuple(self.layer_is_sliding), sliding_window=self.sliding_window,
+            kv_cache_dtype=self.kv_cache_dtype, hidden_size=config.hidden_size,
+            intermediate_size=intermediate,
+            max_context=getattr(config, "max_position_embeddings", None))
+
+    def use_kv_cache_dtype(self, dtype: torch.dtype | None) -> None:
+        """The KV cache's element type (load_plan.LoadPlan.kv_cache)."""
+        self.kv_cache_dtype = dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata, layer_step=None) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""SpeculativeConfig: how a server speculates, in vLLM's setting shape.
+
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+                           "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+`method`: "ngram" (prompt lookup over the request's own prompt and output,
+prompt_lookup.py), "suffix" (earlier requests' outputs too) or "draft_model" (a small
+model with the same tokenizer, `model`). `num_speculative_tokens` caps the drafts per
+step. `disable_by_batch_size`: at this many running requests or more, steps decode
+plainly (a large batch is compute-bound, and verifying drafts there costs more than
+it saves). Validated once; errors name the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+METHODS = ("ngram", "suffix", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {', '.join(METHODS)}, "
+                             f"got {self.method!r}")
+        for name, value, low in (("num_speculative_tokens", self.num_speculative_tokens, 1),
+                                 ("prompt_lookup_max", self.prompt_lookup_max, 1),
+                                 ("prompt_lookup_min", self.prompt_lookup_min, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"speculative_config.{name} must be an integer >= {low}, "
+                                 f"got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min})"
+                             f" must not exceed prompt_lookup_max ({self.prompt_lookup_max})")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config.model names the draft model: required with "
+                             "method 'draft_model', and only there")
+        size = self.disable_by_batch_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool)
+                                 or size < 1):
+            raise ValueError(f"speculative_config.disable_by_batch_size must be an integer "
+                             f">= 1 or null, got {size!r}")
+
+    @classmethod
+    def from_any(cls, value: "SpeculativeConfig | dict | str | None"
+                 ) -> "SpeculativeConfig | None":
+        """A config from itself, a dict of its fields or their JSON text; None, "" or
+        "null" turn speculation off. Unknown keys are an error naming them."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            if value.strip() in ("", "null"):
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"speculative_config is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known: "
+                             f"{sorted(known)}")
+        if "method" not in value:
+            raise ValueError("speculative_config.method is required")
+        return cls(**value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
