@@ -212,7 +212,7 @@ def _check_bf16_products(kernels: CpuKernels | None) -> None:
     at all nothing is known of the CPU, and torch's own paths serve."""
     if kernels is not None and not kernels.has_bf16_gemm:
         raise LoadRefused(f"dtype bf16-weights multiplies dense bf16 weights with the native "
-                          f"bf16 GEMM, which needs AVX2 or better; on this CPU's {kernels.isa} "
+                          f"bf16 GEMM, which needs AVX2 or NEON; on this CPU's {kernels.isa} "
                           f"level torch's bf16 products run at about half float32's rate: "
                           f"use dtype float32 (a GGUF file's blocks serve bf16-weights here)")
 

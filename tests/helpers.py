@@ -36,7 +36,7 @@ def _packs_bf16() -> bool:
 
 needs_bf16_gemm = pytest.mark.skipif(
     not has_bf16_gemm(), reason="the native bf16 GEMM (and the whole-layer stack on it) "
-    "needs AVX2 or better (x86)")
+    "needs AVX2 or NEON")
 """For tests of paths that exist only where the native bf16 GEMM is built (PackedStack,
 PairedMLP, the paired bf16 layers); everything else they touch runs everywhere."""
 def _torch_held() -> str | None:

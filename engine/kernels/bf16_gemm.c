@@ -1,6 +1,6 @@
-/* y[M, N] = x[M, K] @ W^T with bf16 x and W, fp32 accumulation (AVX512-BF16, or on
- * AVX2 the widening tile of bf16_tile_256.h over the same layout), for the row counts
- * of batched decode steps.
+/* y[M, N] = x[M, K] @ W^T with bf16 x and W, fp32 accumulation (AVX512-BF16, or the
+ * widening tiles over the same layout: bf16_tile_256.h on AVX2, bf16_tile_neon.h on
+ * AArch64), for the row counts of batched decode steps.
  *
  * W is packed once at load in pairs: [ceil(N / 16)][K / 2][16] 32-bit words, word
  * (j, p, c) holding W[16 j + c][2p] and W[16 j + c][2p + 1] (zero past N). A row of
@@ -43,6 +43,8 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define BF16_GEMM BF16_GEMM_WIDEN      /* the tile of bf16_tile_256.h */
+#elif defined(__ARM_NEON) && defined(__aarch64__) && !defined(KVSERVE_PLAIN_C)
+#define BF16_GEMM BF16_GEMM_WIDEN      /* the tile of bf16_tile_neon.h */
 #else
 #define BF16_GEMM BF16_GEMM_NONE
 #endif
@@ -206,6 +208,8 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
         }
     return tiles;
 }
+#elif defined(__aarch64__)
+#include "bf16_tile_neon.h"
 #else
 #include "bf16_tile_256.h"
 #endif

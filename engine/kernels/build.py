@@ -48,7 +48,8 @@ HEADERS = [Path(__file__).with_name(name)
            for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
                         "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h",
                         "block_int8_neon.h", "block_rows_neon.h",
-                        "block_int8_256.h", "block_types.h", "bf16_tile_256.h")]
+                        "block_int8_256.h", "block_types.h", "bf16_tile_256.h",
+                        "bf16_tile_neon.h")]
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], "NativeKernels | None"] = {}
 

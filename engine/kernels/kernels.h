@@ -165,8 +165,8 @@ void attention_values_vector(const float *probs, const void *values, int kv_bf16
 /* bf16_gemm.c: y[m, n] = x[m, k] @ W^T, bf16 x and W (packed in pairs, see there),
  * fp32 or (y_bf16) bf16 y; bf16_gemm_available says how this build multiplies them:
  * BF16_GEMM_NONE (not at all: bf16_gemm returns 2), BF16_GEMM_DOT (AVX512-BF16 dot
- * products, AMX tiles where on) or BF16_GEMM_WIDEN (AVX2: fp32 FMAs on the pairs
- * widened in registers, bf16_tile_256.h). */
+ * products, AMX tiles where on) or BF16_GEMM_WIDEN (AVX2, NEON: fp32 FMAs on the pairs
+ * widened in registers, bf16_tile_256.h and bf16_tile_neon.h). */
 #define BF16_GEMM_NONE 0
 #define BF16_GEMM_DOT 1
 #define BF16_GEMM_WIDEN 2

@@ -12,7 +12,7 @@ The machines; on AVX2 the native GEMM widens them to fp32 in registers, reading 
 fp32's bytes) and returns fp32. On a GGUF model with block kernels, steps small enough for them (decode of up to
 BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
 weights, not by arithmetic, so bf16 would not speed them up. Without the native bf16
-GEMM (builds below AVX2: the generic level, ARM) the blocks keep every step (use_bf16_weights). The LM head computes
+GEMM (the generic levels, below AVX2 and NEON) the blocks keep every step (use_bf16_weights). The LM head computes
 bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32 (capping
 the others below them), so the greedy pick is fp32's whenever fp32's best token is
 among bf16's 16 best, and the likely tokens' logits are fp32's. Keeping the residual stream in fp32
@@ -120,7 +120,7 @@ def use_bf16_weights(model: nn.Module, native_bf16: bool) -> nn.Module:
     every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
     the LM head is a Bf16RescoredHead, and the model asks for a bf16 KV cache. The
     embedding table stays fp32. Without `native_bf16` (the load plan's: no native bf16
-    GEMM: builds below AVX2) bf16 products run on torch's loops, slower than the
+    GEMM: the generic levels) bf16 products run on torch's loops, slower than the
     block kernels at every step size: a GGUF's blocks and block head then stay as in
     float32."""
     from .block_weights import BF16_KERNEL_ROWS, BlockLinear

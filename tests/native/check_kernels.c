@@ -59,6 +59,9 @@ static void open_library(char *spec, Library *library) {
     *(void **)&library->argmax_rows = symbol(handle, path, "argmax_rows");
     *(void **)&library->int8_path = symbol(handle, path, "int8_path");
     *(void **)&library->block_gemm_lanes = symbol(handle, path, "block_gemm_lanes");
+    *(void **)&library->bf16_gemm_available = symbol(handle, path, "bf16_gemm_available");
+    *(void **)&library->bf16_gemm = symbol(handle, path, "bf16_gemm");
+    *(void **)&library->bf16_gated_gemm = symbol(handle, path, "bf16_gated_gemm");
 }
 
 int close_to(double got, double want, double size, const char *what, const Library *library,
@@ -158,8 +161,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < count; l++) {
         open_library(argv[l + 1], &libraries[l]);
         const int path = libraries[l].int8_path();
-        printf("%s: int8_path %d, block_gemm_lanes %d\n", libraries[l].name, path,
-               libraries[l].block_gemm_lanes());
+        printf("%s: int8_path %d, block_gemm_lanes %d, bf16_gemm %d\n", libraries[l].name,
+               path, libraries[l].block_gemm_lanes(), libraries[l].bf16_gemm_available());
         if (libraries[l].expected_int8 >= 0 && path != libraries[l].expected_int8) {
             printf("MISMATCH int8_path [%s]: %d, want %d\n", libraries[l].name, path,
                    libraries[l].expected_int8);
@@ -170,6 +173,7 @@ int main(int argc, char **argv) {
     check_rms_norm(libraries, count);
     check_argmax(libraries, count);
     check_gated_mlp(libraries, count);
+    check_bf16_gemm(libraries, count);
     printf("%d values checked on %d libraries: %s\n", checks, count,
            failures ? "MISMATCHES" : "all match");
     return failures ? 1 : 0;

@@ -21,6 +21,9 @@ typedef struct {
     __typeof__(argmax_rows) *argmax_rows;
     __typeof__(int8_path) *int8_path;
     __typeof__(block_gemm_lanes) *block_gemm_lanes;
+    __typeof__(bf16_gemm_available) *bf16_gemm_available;
+    __typeof__(bf16_gemm) *bf16_gemm;
+    __typeof__(bf16_gated_gemm) *bf16_gated_gemm;
 } Library;
 
 extern int failures, checks;
@@ -35,5 +38,8 @@ int close_to(double got, double want, double size, const char *what, const Libra
 void check_rms_norm(const Library *libraries, int count);
 void check_argmax(const Library *libraries, int count);
 void check_gated_mlp(const Library *libraries, int count);
+
+/* check_bf16_gemm.c: bf16_gemm and bf16_gated_gemm on the builds that have them. */
+void check_bf16_gemm(const Library *libraries, int count);
 
 #endif

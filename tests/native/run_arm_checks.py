@@ -35,7 +35,8 @@ from engine.kernels.isa import ARM_LEVELS, X86_LEVELS, IsaLevel, cpu_features  #
 from engine.kernels.native import INT8_PATHS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-CHECK_SOURCES = [HERE / "check_kernels.c", HERE / "check_forms.c", HERE / "check_layer_ops.c"]
+CHECK_SOURCES = [HERE / "check_kernels.c", HERE / "check_forms.c", HERE / "check_layer_ops.c",
+                 HERE / "check_bf16_gemm.c"]
 CHECK_HEADERS = [HERE / "check_forms.h", HERE / "check_library.h"]
 CROSS_COMPILER = os.environ.get("ARM_CC", "aarch64-linux-gnu-gcc")
 QEMU = "qemu-aarch64-static"
