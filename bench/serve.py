@@ -13,6 +13,16 @@ vLLM extension this server honours; servers that ignore it may stop earlier, and
 their output tokens are counted as received). `--response-format json_object` (or a
 JSON schema file) constrains every request; such answers end when their JSON value
 closes, so compare token rates (ITL) rather than request counts.
+
+`--workload grounded` asks the model to repeat a given piece of code (an answer made of
+its input, as code edits and quotes are) instead of continuing a word list.
+`--speculative off,on` runs every level twice against a server started with
+`--speculative-config`, without drafts (`"speculative": false` in each body) and with
+them, side by side in one run:
+
+    python -m server --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
+    python -m bench.serve --base-url http://127.0.0.1:8000 --workload grounded \
+        --speculative off,on --concurrency 1,4,8
 """
 
 from __future__ import annotations
@@ -43,7 +53,27 @@ class RequestResult:
     error: str = ""
 
 
-def make_prompt(rng: random.Random, input_len: int) -> str:
+SNIPPETS = (
+    "def merge_sorted(a, b):\n    result = []\n    i = j = 0\n"
+    "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+    "            result.append(a[i])\n            i += 1\n        else:\n"
+    "            result.append(b[j])\n            j += 1\n    return result\n",
+    "def word_counts(text):\n    counts = {}\n    for word in text.split():\n"
+    "        word = word.lower().strip('.,!?')\n        counts[word] = counts.get(word, 0) + 1\n"
+    "    return sorted(counts.items(), key=lambda item: -item[1])\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+    "    def push(self, item):\n        self.items.append(item)\n\n"
+    "    def pop(self):\n        if not self.items:\n"
+    "            raise IndexError('pop from an empty stack')\n        return self.items.pop()\n",
+    "def fibonacci(n):\n    a, b = 0, 1\n    numbers = []\n    for _ in range(n):\n"
+    "        numbers.append(a)\n        a, b = b, a + b\n    return numbers\n",
+)
+"""Code the grounded workload asks to have repeated (written for this benchmark)."""
+
+
+def make_prompt(rng: random.Random, input_len: int, workload: str = "words") -> str:
+    if workload == "grounded":
+        return "Repeat this code exactly:\n\n" + rng.choice(SNIPPETS)
     # about one token per word for these common words, plus the chat template
     return "Continue this list: " + " ".join(rng.choice(WORDS) for _ in range(input_len))
 
@@ -76,7 +106,9 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
                          output_tokens=usage_tokens or len(arrivals))
 
 
-async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
+async def run_level(args, concurrency: int, prompts: list[str],
+                    speculative: bool | None = None) -> dict:
+    """One level; `speculative` False sends `"speculative": false` in every body."""
     chat = args.endpoint == "chat"
     url = f"{args.base_url.rstrip('/')}/v1/{'chat/completions' if chat else 'completions'}"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -90,6 +122,8 @@ async def run_level(args, concurrency: int, prompts: list[str]) -> dict:
                     "stream_options": {"include_usage": True}}
             if args.response_format is not None:
                 body["response_format"] = args.response_format
+            if speculative is False:
+                body["speculative"] = False
             if chat:
                 body["messages"] = [{"role": "user", "content": prompt}]
             else:
@@ -154,11 +188,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="chat: the prompt inside the model's chat template; "
                              "completions: the raw prompt (TTFT without the template's tokens)")
     parser.add_argument("--label", default="server", help="name of the system in the report")
+    parser.add_argument("--workload", choices=("words", "grounded"), default="words",
+                        help="continue a word list, or repeat a given piece of code")
+    parser.add_argument("--speculative", default=None, type=speculative_modes,
+                        help="off,on: each level without and with speculative drafts")
     parser.add_argument("--response-format", default=None, type=response_format,
                         help="json_object, or a JSON schema file: constrain every request")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     return parser.parse_args(argv)
+
+
+def speculative_modes(value: str) -> list[bool]:
+    modes = [mode.strip() for mode in value.split(",")]
+    if not modes or any(mode not in ("on", "off") for mode in modes):
+        raise argparse.ArgumentTypeError(f"expected on and/or off, comma-separated, got {value!r}")
+    return [mode == "on" for mode in modes]
 
 
 def response_format(value: str) -> dict:
@@ -172,17 +217,23 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     rng = random.Random(args.seed)
     levels = []
+    modes = args.speculative or [None]
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         count = args.num_requests or max(8, 2 * concurrency)
-        prompts = [make_prompt(rng, args.input_len) for _ in range(count)]
-        level = asyncio.run(run_level(args, concurrency, prompts))
-        levels.append(level)
-        print(f"c={concurrency:<4} {level['output_tokens_per_s']:>8} tok/s  "
-              f"{level['requests_per_s']:>7} req/s  TTFT p50 {level['ttft_ms']['p50']} ms  "
-              f"ITL p50 {level['itl_ms']['p50']} ms  e2e p50 {level['e2e_ms']['p50']} ms  "
-              f"errors {level['errors']}")
+        prompts = [make_prompt(rng, args.input_len, args.workload) for _ in range(count)]
+        for mode in modes:
+            level = asyncio.run(run_level(args, concurrency, prompts, mode))
+            if mode is not None:
+                level["speculative"] = "on" if mode else "off"
+            levels.append(level)
+            print(f"c={concurrency:<4} {level.get('speculative', ''):<3} "
+                  f"{level['output_tokens_per_s']:>8} tok/s  "
+                  f"{level['requests_per_s']:>7} req/s  TTFT p50 {level['ttft_ms']['p50']} ms  "
+                  f"ITL p50 {level['itl_ms']['p50']} ms  e2e p50 {level['e2e_ms']['p50']} ms  "
+                  f"errors {level['errors']}")
     report = {"label": args.label, "base_url": args.base_url,
-              "workload": {"endpoint": args.endpoint, "input_len": args.input_len,
+              "workload": {"endpoint": args.endpoint, "kind": args.workload,
+                           "input_len": args.input_len,
                            "output_len": args.output_len, "model": args.model,
                            "response_format": args.response_format},
               "levels": levels}

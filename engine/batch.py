@@ -25,8 +25,12 @@ class StepInputs:
     input_ids: torch.Tensor          # [T] long
     positions: torch.Tensor          # [T] long
     meta: AttentionMetadata
-    logits_rows: torch.Tensor        # [S] long: last row of each request that samples
+    logits_rows: torch.Tensor
+    """[S + V] long: the last row of each request that samples, then every row of
+    each verify entry (its last token and its drafts), in entry order."""
     sampling_entries: list[int]      # [S] index into batch.entries of each sampling request
+    verify_entries: list[int] = ()
+    """Index into batch.entries of each entry with drafts (speculative decoding)."""
 
 
 def _slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[int]:
@@ -58,15 +62,23 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     positions: list[int] = []
     logits_rows: list[int] = []
     sampling_entries: list[int] = []
+    verify_rows: list[int] = []
+    verify_entries: list[int] = []
     for index, entry in enumerate(batch.entries):
         row = len(input_ids)
-        tokens = entry.request.tokens_between(entry.start, entry.end)
-        # a lookahead row's token is still on the device (async batching): placeholder
-        input_ids.extend(tokens + [0] * (entry.num_tokens - len(tokens)))
+        if entry.drafts:                 # the last token, then the proposed ones
+            input_ids.extend(entry.request.tokens_between(entry.start, entry.start + 1))
+            input_ids.extend(entry.drafts)
+            verify_rows.extend(range(row, row + entry.num_tokens))
+            verify_entries.append(index)
+        else:
+            tokens = entry.request.tokens_between(entry.start, entry.end)
+            # a lookahead row's token is still on the device (async batching): placeholder
+            input_ids.extend(tokens + [0] * (entry.num_tokens - len(tokens)))
+            if entry.samples:
+                logits_rows.append(row + entry.num_tokens - 1)
+                sampling_entries.append(index)
         positions.extend(range(entry.start, entry.end))
-        if entry.samples:
-            logits_rows.append(row + entry.num_tokens - 1)
-            sampling_entries.append(index)
 
     def group(window: int | None, blocks_of, queries: bool) -> AttentionMetadata:
         width = _fast_path_width(batch, blocks_of, decode_tables, page_size)
@@ -88,8 +100,8 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         meta=meta,
-        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
-        sampling_entries=sampling_entries,
+        logits_rows=torch.tensor(logits_rows + verify_rows, dtype=torch.long, device=device),
+        sampling_entries=sampling_entries, verify_entries=verify_entries,
     )
 
 
@@ -116,6 +128,16 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
             decode_rows.append(row)
             decode_tables.append(block_ids)
             decode_spans.append((first_key, end))
+        elif entry.drafts:
+            # a verify entry's rows are decode queries, row i over positions up to its
+            # own (the step writes every row's K/V before any row attends), so the
+            # decode paths, native ones included, serve it as they serve decodes
+            for offset in range(entry.num_tokens):
+                position_end = start + offset + 1
+                decode_rows.append(row + offset)
+                decode_tables.append(block_ids)
+                decode_spans.append((0 if window is None else max(0, position_end - window),
+                                     position_end))
         else:
             prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device)
                             if torch_meta else PrefillSlice(row, row + entry.num_tokens, start,

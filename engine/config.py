@@ -13,6 +13,7 @@ from dataclasses import InitVar, dataclass
 from typing import Any
 
 from .compile_paths import compile_settings
+from .speculative.config import SpeculativeConfig
 
 SCHEDULER_TYPES = ("fifo", "prefill_first")
 DEFAULT_SAFETY_MARGIN = {"fifo": 0.15, "prefill_first": 0.0}
@@ -55,6 +56,9 @@ class ContinuousBatchingConfig:
     drop_unsupported_processors: bool = True
     disable_nccl_graph_mixing: bool = True
     cpu_group_timeout: float | None = 300.0
+    speculative_config: Any = None
+    """Speculative decoding (speculative/config.py): a SpeculativeConfig, a dict of its
+    fields or their JSON; None: off. Stored as a SpeculativeConfig."""
     use_default_compile_configs: InitVar[bool | None] = None
     """Deprecated: use `default_compile_level`."""
     max_cached_graphs: InitVar[int | None] = None
@@ -79,6 +83,11 @@ class ContinuousBatchingConfig:
             object.__setattr__(self, "page_size", block_size)
         self._validate_sizes()
         self._validate_policies()
+        try:
+            speculative = SpeculativeConfig.from_any(self.speculative_config)
+        except ValueError as error:
+            raise ValueError(f"ContinuousBatchingConfig.{error}") from None
+        object.__setattr__(self, "speculative_config", speculative)
 
     def _validate_sizes(self) -> None:
         _check(_is_int(self.page_size) and self.page_size >= 4, "page_size",

@@ -30,6 +30,7 @@ from .pause_gate import PauseGate
 from .requests import RequestState
 from .runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
+from .speculative.acceptance import SpeculationCounts, verify_greedy
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class EngineLoop:
         self._hard_stop = False
         self.num_steps = 0
         self.num_prefill_tokens = 0
+        self.speculation = SpeculationCounts()
         self.error: BaseException | None = None
 
     # -- any thread ----------------------------------------------------------------------
@@ -150,6 +152,10 @@ class EngineLoop:
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
             "num_evictions": self.allocator.num_evictions,
+            "spec_decode": int(self.scheduler.proposer is not None),
+            "spec_num_drafts": self.speculation.num_drafts,
+            "spec_num_draft_tokens": self.speculation.num_draft_tokens,
+            "spec_num_accepted_tokens": self.speculation.num_accepted_tokens,
         }
 
     def check_invariants(self) -> None:
@@ -284,9 +290,10 @@ class EngineLoop:
         launched = self.runner.launch(batch, inputs)
         self.num_steps += 1
         for entry in batch.entries:
-            entry.request.num_computed_tokens = entry.end
-            if entry.num_tokens > 1 or entry.start < len(entry.request.prompt_ids):
-                self.num_prefill_tokens += entry.num_tokens
+            entry.request.num_computed_tokens = entry.end     # verify entries: see collect
+            fed = entry.num_tokens - len(entry.drafts)
+            if fed > 1 or entry.start < len(entry.request.prompt_ids):
+                self.num_prefill_tokens += fed
         return launched
 
     def collect(self, launched: LaunchedStep, keep_blocks: set[int] = frozenset()
@@ -310,7 +317,27 @@ class EngineLoop:
             news.append(request)
             if request.is_finished and id(request) not in keep_blocks:
                 self._let_go(request)
+        for entry, picks in launched.verified():
+            news.append(self._settle(entry, picks))
         return news
+
+    def _settle(self, entry, picks: list[int]) -> RequestState:
+        """A verify entry's outcome: its accepted drafts and one token more appended
+        (as a plain decode would have picked them, one by one, until one finishes the
+        request), its computed positions and pages cut back past the rejected ones."""
+        request = entry.request
+        verdict = verify_greedy(picks, list(entry.drafts))
+        self.speculation.count(len(entry.drafts), verdict.accepted)
+        self.scheduler.proposer.verified(request.request_id, len(entry.drafts), verdict.accepted)
+        for token in entry.drafts[:verdict.accepted] + (verdict.next_token,):
+            request.append_token(token)
+            if request.is_finished:
+                break
+        if request.is_finished:
+            self._let_go(request)
+        else:
+            self.scheduler.settle_verify(request, entry.start + 1 + verdict.accepted)
+        return request
 
     def _let_go(self, request: RequestState) -> None:
         self.scheduler.finish(request)

@@ -8,6 +8,7 @@ Under tensor parallelism the driver sizes the cache and every rank takes its fig
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,9 @@ from .model_spec import EngineModelSpec
 from .kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .speculative.proposer import NgramProposer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,23 +57,24 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         sized = step_sync.group.broadcast(sized)
     sizing, num_offload_blocks = sized
     allocator = BlockAllocator(sizing.num_blocks, enable_caching=config.allow_block_sharing)
+    distributed = step_sync is not None
+    decode_plan = plan_decode_paths(config, module, spec, model.device, sizing.page_size,
+                                    kv_dtype, workload_hints, distributed)
+    batching = async_batching(config, decode_plan.graphs, model.device, distributed)
     scheduler = Scheduler(
         allocator, sizing.page_size, sizing.max_batch_tokens, sizing.max_requests_per_batch,
         config.resolved_safety_margin, config.scheduler_type,
         offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
         sliding_allocator=BlockAllocator(sizing.num_sliding_blocks) if pooled else None,
-        sliding_window=spec.sliding_window)
-    distributed = step_sync is not None
-    decode_plan = plan_decode_paths(config, module, spec, model.device, sizing.page_size,
-                                    kv_dtype, workload_hints, distributed)
+        sliding_window=spec.sliding_window,
+        proposer=_proposer(config, spec, distributed, batching))
     compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
                                 decode_plan.tables is not None, distributed)
     runner = ModelRunner(
         module, sizing, config.seed, num_offload_blocks, step_sync,
         decode_tables=decode_plan.tables, decode_graphs=decode_plan.graphs,
         graph_interval=config.q_padding_interval_size, compile_plan=compile_plan)
-    return EngineParts(step_sync, sizing, allocator, scheduler, decode_plan, runner,
-                       async_batching(config, decode_plan.graphs, model.device, distributed))
+    return EngineParts(step_sync, sizing, allocator, scheduler, decode_plan, runner, batching)
 
 
 def _size_cache(model, spec: EngineModelSpec, config: ContinuousBatchingConfig,
@@ -84,6 +89,24 @@ def _size_cache(model, spec: EngineModelSpec, config: ContinuousBatchingConfig,
         logit_processing=logit_processing, num_submitted=workload_hints.get("num_requests"),
         num_sliding_layers=sum(spec.layer_is_sliding) if pooled else 0,
         sliding_window=spec.sliding_window if pooled else None, max_context=spec.max_context)
+
+
+def _proposer(config: ContinuousBatchingConfig, spec: EngineModelSpec, distributed: bool,
+              batching: bool) -> NgramProposer | None:
+    """The drafts' source when speculative decoding is on and can serve; each refusal
+    logged with its reason."""
+    speculative = config.speculative_config
+    if speculative is None:
+        return None
+    reason = ("tensor parallelism" if distributed
+              else "async batching (a step's tokens are fed before they are read back)"
+              if batching else "sliding-window layers" if spec.pooled_sliding else None)
+    if reason is not None:
+        logger.warning("speculative decoding off: %s", reason)
+        return None
+    logger.info("speculative decoding: %s, up to %d drafts a step", speculative.method,
+                speculative.num_speculative_tokens)
+    return NgramProposer(speculative)
 
 
 def _step_sync(model, config: ContinuousBatchingConfig) -> StepSync | None:

@@ -92,7 +92,7 @@ def unsupported_settings(value: Any) -> list[str]:
 SAMPLING_KWARGS = (
     "do_sample", "temperature", "top_k", "top_p", "min_p", "seed",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-    "logprobs", "top_logprobs",
+    "logprobs", "top_logprobs", "speculative",
 )
 """Per-request keyword arguments accepted by `add_request`."""
 
@@ -114,6 +114,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: bool = False
     top_logprobs: int = 0
+    speculative: bool = True
+    """False: the request never takes drafts (speculative decoding off for it alone)."""
 
     @property
     def is_greedy(self) -> bool:
@@ -173,6 +175,8 @@ class SamplingParams:
             raise bad("repetition_penalty", "must be > 0")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:
             raise bad("top_logprobs", "must be an integer in [0, 20]")
+        if not isinstance(self.speculative, bool):
+            raise bad("speculative", f"must be true or false, got {self.speculative!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise bad("seed", "must be an integer")
         for token_id, bias in self.logit_bias.items():

@@ -19,8 +19,8 @@ from .kv_cache.sizing import CacheSizing
 from .kernels import load_native_kernels
 from .models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
 from .requests import RequestState
-from .sampling import PendingSample, SampleResult, Sampler, on_device
-from .scheduler import ScheduledBatch
+from .sampling import PendingSample, SampleResult, Sampler, greedy_picks, on_device
+from .scheduler import ScheduledBatch, ScheduledRequest
 
 
 SMALL_STEP_TOKENS = 8
@@ -122,14 +122,22 @@ class ModelRunner:
             self.step_sync.send_plan(plan)
         requests = [] if inputs is None else \
             [batch.entries[i].request for i in inputs.sampling_entries]
+        verifying = [] if inputs is None else [batch.entries[i] for i in inputs.verify_entries]
         # grammar masks are computed while the forward pass runs (grammar_masks.py)
         masks = self.grammar_masks.start(requests) if requests else NO_MASKS
         hidden = self._run_plan(plan)
-        if hidden is None or not requests:
+        if hidden is None or not (requests or verifying):
             masks.wait()
             return LaunchedStep([], None)
-        logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S, vocab] fp32
-        return LaunchedStep(requests, self.sampler.launch(logits, requests, masks))
+        logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S + V, vocab]
+        sample = None
+        if requests:
+            sample = self.sampler.launch(logits[:len(requests)], requests, masks)
+        else:
+            masks.wait()
+        # verify rows: their requests pick greedily from raw logits (speculative/proposer.py)
+        picks = greedy_picks(logits[len(requests):]) if verifying else None
+        return LaunchedStep(requests, sample, verifying, picks)
 
     @torch.inference_mode()
     def lookahead_inputs(self, batch: ScheduledBatch, previous: "LaunchedStep") -> StepInputs:
@@ -200,10 +208,24 @@ class LaunchedStep:
     requests: list[RequestState]
     """The requests that pick a token, in the picks' order."""
     sample: PendingSample | None
+    verifying: list[ScheduledRequest] = ()
+    """Entries with drafts, in the order of their rows in `verify_picks`."""
+    verify_picks: torch.Tensor | None = None
+    """[V] long: the greedy pick of every verify row (each entry's num_tokens rows)."""
 
     def result(self) -> SampleResult | None:
         """The picks on the host (waits for the device)."""
         return None if self.sample is None else self.sample.result()
+
+    def verified(self) -> list[tuple[ScheduledRequest, list[int]]]:
+        """Each verify entry with its rows' picks, on the host."""
+        if not self.verifying:
+            return []
+        picks, found, row = self.verify_picks.tolist(), [], 0
+        for entry in self.verifying:
+            found.append((entry, picks[row:row + entry.num_tokens]))
+            row += entry.num_tokens
+        return found
 
 
 def _sliding_blocks(request: RequestState) -> list[int | None]:

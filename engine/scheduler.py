@@ -33,6 +33,7 @@ from .kv_cache.allocator import BlockAllocator
 from .kv_cache.block_manager import BlockManager, blocks_needed
 from .outputs import RequestStatus
 from .requests import RequestState
+from .speculative.proposer import NgramProposer
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ScheduledRequest:
     """How many tokens this request feeds the model this step."""
     samples: bool
     """True when this chunk reaches the request's last token, so a token is sampled."""
+    drafts: tuple[int, ...] = ()
+    """A verify step's proposed tokens (speculative/): fed after the request's last
+    token, num_tokens = 1 + len(drafts), every row scored."""
 
     @property
     def end(self) -> int:
@@ -73,7 +77,9 @@ class Scheduler:
                  max_requests_per_batch: int, safety_margin: float, policy: str = "fifo",
                  offload_allocator: BlockAllocator | None = None,
                  sliding_allocator: BlockAllocator | None = None,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, proposer: NgramProposer | None = None
+                 ) -> None:
+        """`proposer`: drafts for decoding requests (speculative decoding), or None."""
         if policy not in SCHEDULER_MAPPING:
             raise ValueError(f"unknown scheduler policy {policy!r}")
         self.allocator = allocator
@@ -87,6 +93,7 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.num_preemptions = 0
+        self.proposer = proposer
 
     # -- queue management ------------------------------------------------------------
     def add(self, request: RequestState) -> None:
@@ -101,19 +108,30 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    self.blocks.drop(request)
+                    self._drop(request)
                     return request
         return None
 
     def finish(self, request: RequestState) -> None:
         self.running.remove(request)
+        self._drop(request)
+
+    def _drop(self, request: RequestState) -> None:
         self.blocks.drop(request)
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)
+
+    def settle_verify(self, request: RequestState, computed: int) -> None:
+        """After a verify step: `computed` of the request's positions hold K/V of its
+        tokens; blocks past the next token's page (rejected drafts') are freed."""
+        request.num_computed_tokens = computed
+        self.blocks.trim(request, computed + 1)
 
     def drain(self) -> list[RequestState]:
         """Remove every request (hard stop); returns them."""
         requests = list(self.running) + list(self.waiting)
         for request in requests:
-            self.blocks.drop(request)
+            self._drop(request)
         self.running.clear()
         self.waiting.clear()
         return requests
@@ -169,13 +187,28 @@ class _StepBuilder:
         return (self.budget - self.reserved <= 0
                 or len(self.entries) + self.reserved >= self.scheduler.max_requests_per_batch)
 
-    def _add(self, request: RequestState, num_tokens: int) -> None:
+    def _add(self, request: RequestState, num_tokens: int,
+             drafts: tuple[int, ...] = ()) -> None:
         start = request.num_computed_tokens
-        self.entries.append(ScheduledRequest(request, start, num_tokens,
-                                             samples=start + num_tokens == request.num_tokens))
-        self.scheduler.blocks.register_full_blocks(request, start + num_tokens)
-        self.budget -= num_tokens
+        end = start + num_tokens           # (the drafts' positions hold no token yet:
+        self.entries.append(ScheduledRequest(request, start, num_tokens + len(drafts),
+                                             samples=end == request.num_tokens,
+                                             drafts=drafts))
+        self.scheduler.blocks.register_full_blocks(request, end)   # not offered to the cache)
+        self.budget -= num_tokens + len(drafts)
         self.scheduled_ids.add(request.request_id)
+
+    def _drafts(self, request: RequestState, remaining: int) -> tuple[int, ...]:
+        """Drafts for a decoding request whose pages can take them without preempting
+        anyone (else none)."""
+        sched = self.scheduler
+        if sched.proposer is None or remaining != 1 or request.status is not RequestStatus.DECODING:
+            return ()
+        drafts = sched.proposer.drafts(request, self.budget - self.reserved - 1,
+                                       len(sched.running))
+        if drafts and not sched.blocks.grow(request, request.num_tokens + len(drafts)):
+            return ()
+        return drafts
 
     def schedule_running(self, prefills: bool | None) -> None:
         """Schedule running requests in admission order. `prefills` selects only those
@@ -191,13 +224,14 @@ class _StepBuilder:
             if prefills is not None and (remaining > 1) != prefills:
                 continue
             num_tokens = min(remaining, self.budget - self.reserved)
+            drafts = self._drafts(request, remaining)
             while not sched.blocks.grow(request, request.num_computed_tokens + num_tokens):
                 victim = self._pick_victim(request)
                 self._preempt(victim)
                 if victim is request:
                     break
             else:
-                self._add(request, num_tokens)
+                self._add(request, num_tokens, drafts)
 
     def _pick_victim(self, request: RequestState) -> RequestState:
         """The most recently admitted running request not already in this batch;

@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
     engine.add_argument("--compile-level", type=int,
                         help="torch.compile of decoder layers on GPUs, 0-3 (0 = off)")
+    engine.add_argument("--speculative-config", metavar="JSON",
+                        help='speculative decoding, e.g. \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                             '"prompt_lookup_min": 2}\' (greedy requests)')
     testing = parser.add_argument_group("testing")
     testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
                          help="add POST /debug/fail-engine (kills the engine thread)")

@@ -10,6 +10,8 @@ has vLLM's name, unit and meaning, and a `model_name` label. Two sources feed th
         vllm:num_preemptions_total       counter  requests preempted for cache space
         vllm:prefix_cache_queries_total  counter  prompt tokens looked up in the prefix cache
         vllm:prefix_cache_hits_total     counter  of those, tokens found cached
+        vllm:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
+        ..._num_accepted_tokens_total    speculative decoding's proposals and acceptances
         kvserve:* (ours)                 engine alive, block counts, steps, swaps
 
     each finished engine request (one per choice), observed by the server:
@@ -57,6 +59,11 @@ _ENGINE_COUNTERS = {
     "num_evictions": ("kvserve:kv_cache_evictions", "Cached blocks evicted for reuse."),
     "num_swapped_out": ("kvserve:kv_swapped_out", "Preempted requests swapped to CPU memory."),
     "num_swapped_in": ("kvserve:kv_swapped_in", "Requests swapped back from CPU memory."),
+    "spec_num_drafts": ("vllm:spec_decode_num_drafts",
+                        "Speculative proposals verified (one per request and step)."),
+    "spec_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed."),
+    "spec_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",
+                                 "Draft tokens accepted."),
 }
 _ENGINE_GAUGES = {
     "num_blocks": ("kvserve:kv_cache_blocks", "KV cache blocks in total."),

@@ -47,9 +47,13 @@ async def responses(request: Request) -> Response:
 
 
 def _model_card(state: ServingState) -> dict:
+    speculative = state.settings.continuous_batching_config().speculative_config
+    if not state.engine.stats().get("spec_decode"):      # refused for this model
+        speculative = None
     return {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "kvserve", "root": state.settings.model,
-            "max_model_len": state.max_model_len, **state.chat_format.capabilities}
+            "max_model_len": state.max_model_len, **state.chat_format.capabilities,
+            "speculative_decoding": None if speculative is None else speculative.as_dict()}
 
 
 @api.get("/v1/models")

@@ -10,6 +10,7 @@ OpenAI parameters map to `ContinuousBatchingManager.add_request` arguments:
     response_format                     -> grammar (compiled by structured_output.py)
     logprobs, top_logprobs              -> logprobs, top_logprobs
     ignore_eos, stop_token_ids          -> eos_token_id (model EOS unless ignored, + stop ids)
+    speculative (ours; false: no drafts) -> speculative
     stop                                -> handled by the server (see stop_strings.py)
 
 Unset parameters get OpenAI's defaults here, not the engine's, so a request means
@@ -90,6 +91,7 @@ def build_plan(request: GenerationFields, state: ServingState, *, max_tokens: in
         "frequency_penalty": request.frequency_penalty or 0.0,
         "repetition_penalty": request.repetition_penalty or 1.0,
         "logit_bias": _logit_bias(request.logit_bias, state.vocab_size),
+        "speculative": request.speculative is not False,
     }
     if grammar is not None:
         sampling["grammar"] = grammar

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.config import ContinuousBatchingConfig
 from engine.load_plan import DTYPE_NAMES
+from engine.speculative.config import SpeculativeConfig
 
 from .settings_env import EnvValueError, env_name, read_environment
 
@@ -46,6 +47,7 @@ ENGINE_KNOBS = {
     "max_queue_size": "max_queue_size",
     "cpu_offload_space": "cpu_offload_space",
     "compile_level": "default_compile_level",
+    "speculative_config": "speculative_config",
 }
 
 
@@ -146,10 +148,19 @@ class ServerSettings(BaseModel):
     max_queue_size: int | None = None
     cpu_offload_space: float | None = None
     compile_level: int | None = Field(None, ge=0, le=3)
+    speculative_config: str | None = None
+    """Speculative decoding in vLLM's shape, as JSON text (in the YAML file too), e.g.
+    '{"method": "ngram", "num_speculative_tokens": 4}' (engine/speculative/config.py)."""
 
     enable_fault_injection: bool = False
     """Testing only: adds POST /debug/fail-engine, which makes the engine thread die
     at its next step. Never turn it on in a deployment."""
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculation_reads(cls, value: str | None) -> str | None:
+        SpeculativeConfig.from_any(value)          # raises naming the key
+        return value
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -75,6 +75,14 @@ class BlockManager:
             request.sliding_block_ids.extend(self.sliding_allocator.allocate(missing_sliding))
         return True
 
+    def trim(self, request: RequestState, end: int) -> None:
+        """Free the request's blocks past what `end` tokens need (a verify step's
+        rejected drafts' pages, never offered to the prefix cache), tail first."""
+        keep = max(blocks_needed(end, self.page_size), request.num_registered_blocks)
+        if len(request.block_ids) > keep:
+            self.allocator.free(reversed(request.block_ids[keep:]))
+            del request.block_ids[keep:]
+
     def _recycle_out_of_window(self, request: RequestState) -> None:
         """Free the sliding pages no future query can see: the next query sits at
         `num_computed_tokens` and sees keys after num_computed_tokens - window."""

@@ -1,8 +1,4 @@
-"""Speculative decoding: proposers (prompt_lookup.py), the verify rule
-(acceptance.py) and the setting (config.py)."""
-
-from .acceptance import Verdict, verify_greedy, verify_sampled
-from .config import SpeculativeConfig
-from .prompt_lookup import PromptLookup
-
-__all__ = ["PromptLookup", "SpeculativeConfig", "Verdict", "verify_greedy", "verify_sampled"]
+"""Speculative decoding: drafts from the scheduler's proposer (proposer.py over
+prompt_lookup.py), checked by the verify rule (acceptance.py) on the step's logits;
+the setting is config.py's. Import the modules themselves: the scheduler's side
+imports no torch."""

@@ -3,10 +3,9 @@
     --speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 
-`method`: "ngram" (prompt lookup over the request's own prompt and output,
-prompt_lookup.py), "suffix" (earlier requests' outputs too) or "draft_model" (a small
-model with the same tokenizer, `model`). `num_speculative_tokens` caps the drafts per
-step. `disable_by_batch_size`: at this many running requests or more, steps decode
+`method`: "ngram", prompt lookup over the request's own prompt and output
+(prompt_lookup.py); the only proposer so far. `num_speculative_tokens` caps the
+drafts per step. `disable_by_batch_size`: at this many running requests or more, steps decode
 plainly (a large batch is compute-bound, and verifying drafts there costs more than
 it saves). Validated once; errors name the field.
 """
@@ -17,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "suffix", "draft_model")
+METHODS = ("ngram",)
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,6 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
-    model: str | None = None
     disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -42,9 +40,6 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min})"
                              f" must not exceed prompt_lookup_max ({self.prompt_lookup_max})")
-        if (self.method == "draft_model") != (self.model is not None):
-            raise ValueError("speculative_config.model names the draft model: required with "
-                             "method 'draft_model', and only there")
         size = self.disable_by_batch_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool)
                                  or size < 1):

@@ -51,6 +51,8 @@ class GenerationFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
+    speculative: bool | None = None
+    """False: this request decodes without speculative drafts (latency tests)."""
 
     @field_validator("stop", mode="before")
     @classmethod

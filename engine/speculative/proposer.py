@@ -1,0 +1,68 @@
+"""The scheduler's source of drafts: which decoding requests speculate this step and
+with which tokens. Plain Python (the scheduler imports no torch).
+
+A request speculates when its next token is a pure function of the logits the
+verify step scores: greedy picks with no penalties, bias, grammar or logprobs (those
+requests decode one token a step as before, so they stay exact as they were).
+Per request the proposer keeps a PromptLookup over its prompt and accepted output,
+fed only the tokens added since the last step, and forgets it when the request ends.
+
+Worked example, 4 drafts allowed, the request 3 tokens short of max_new_tokens: at
+most 2 drafts are proposed (the verify step adds one token of its own), and the
+step feeds the last token plus those 2.
+
+How many it proposes adapts to what the request's last verify step kept: one more
+than the drafts accepted there (all kept: one more than proposed), between 1 and
+num_speculative_tokens. A verify row costs nearly a decode row where a step is
+compute-bound (docs/speculative-decoding.md), so drafts that keep being rejected
+shrink to a single cheap probe.
+"""
+
+from __future__ import annotations
+
+from ..requests import RequestState
+from .config import SpeculativeConfig
+from .prompt_lookup import PromptLookup
+
+
+def speculates(request: RequestState) -> bool:
+    """Whether the request's picks can be verified from raw logits alone."""
+    sampling = request.sampling
+    return (sampling.is_greedy and not sampling.needs_token_counts and not sampling.logit_bias
+            and request.grammar is None and not request.want_logprobs
+            and not sampling.logprobs and sampling.top_logprobs == 0 and sampling.speculative)
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.lookups: dict[str, PromptLookup] = {}
+        self.limits: dict[str, int] = {}
+        """request id -> drafts allowed next (after its first verify step)."""
+
+    def drafts(self, request: RequestState, budget: int, batch_size: int) -> tuple[int, ...]:
+        """Up to `budget` drafts for a decoding request (fewer near max_new_tokens;
+        none past disable_by_batch_size running requests or for requests that do not
+        speculate)."""
+        config = self.config
+        left = request.max_new_tokens - len(request.generated_tokens) - 1
+        limit = min(self.limits.get(request.request_id, config.num_speculative_tokens),
+                    budget, left)
+        if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
+                                                       and batch_size >= config.disable_by_batch_size)):
+            return ()
+        lookup = self.lookups.get(request.request_id)
+        if lookup is None:
+            lookup = self.lookups[request.request_id] = PromptLookup(
+                config.prompt_lookup_min, config.prompt_lookup_max)
+        lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
+        return tuple(lookup.propose(limit))
+
+    def verified(self, request_id: str, proposed: int, accepted: int) -> None:
+        """The outcome of a verify step: the next one proposes accepted + 1 drafts."""
+        grown = accepted + 1 if accepted < proposed else proposed + 1
+        self.limits[request_id] = max(1, min(self.config.num_speculative_tokens, grown))
+
+    def forget(self, request_id: str) -> None:
+        self.lookups.pop(request_id, None)
+        self.limits.pop(request_id, None)

@@ -1,0 +1,123 @@
+"""Speculative decoding in the engine (engine/speculative/, the scheduler's drafts, the
+verify rows in batch.py and runner.py, engine_loop's settling): greedy requests give
+exactly the tokens they give without it, in batches mixing prefill chunks, prefix
+hits and preemption; the drafts' pages are given back; requests that cannot be
+verified from raw logits never take drafts; the counters move."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine import ContinuousBatchingConfig, GenerationConfig
+from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 3}
+
+
+def looping_prompts(count: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a short phrase: tiny random models then loop too, so the
+    proposer finds drafts that are right and drafts that are wrong."""
+    phrases = random_prompts(count, 2, 5, seed=seed)
+    tails = random_prompts(count, 0, 6, seed=seed + 1)
+    return [phrase * 4 + tail for phrase, tail in zip(phrases, tails)]
+
+
+def run_both(model, prompts, max_new_tokens: int, **config):
+    plain = generate_and_inspect(model, prompts, max_new_tokens, **config)
+    speculated = generate_and_inspect(model, prompts, max_new_tokens,
+                                      speculative_config=NGRAM, **config)
+    return plain, speculated
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_greedy_tokens_are_those_of_plain_decoding(family, tiny_models):
+    from engine import load_model
+
+    path, reference = tiny_models[family]
+    model = load_model(path, progress=False)
+    prompts = looping_prompts(6, seed=3) + random_prompts(2, 5, 40, seed=4)
+    (plain, plain_stats), (tokens, stats) = run_both(model, prompts, 24)
+    assert tokens == plain
+    assert tokens[0] == reference_greedy(reference, prompts[0], 24)
+    assert stats["spec_decode"] == 1 and stats["spec_num_drafts"] > 0
+    assert 0 < stats["spec_num_accepted_tokens"] <= stats["spec_num_draft_tokens"]
+    assert stats["num_steps"] < plain_stats["num_steps"]       # tokens several at a time
+
+
+def test_chunked_prefill_prefix_hits_and_preemption(tiny_llama):
+    """Small steps (prompts prefilled in chunks beside verify rows), shared prefixes
+    (pages from the cache; drafts never offered to it) and a cache so small that
+    requests are preempted and recomputed."""
+    model, _ = tiny_llama
+    shared = looping_prompts(1, seed=8)[0] * 3
+    prompts = [shared + tail for tail in random_prompts(5, 1, 12, seed=9)]
+    for config in ({"max_batch_tokens": 16}, {"page_size": 16},
+                   {"page_size": 16, "num_blocks": 14, "max_batch_tokens": 64}):
+        (plain, _), (tokens, stats) = run_both(model, prompts, 30, **config)
+        assert tokens == plain, config
+        assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"], config
+    assert stats["num_preemptions"] > 0                 # (rejected drafts rolled back too)
+
+
+def test_max_tokens_and_eos_stop_where_they_would(tiny_llama):
+    model, _ = tiny_llama
+    prompts = looping_prompts(4, seed=12)
+    plain, _ = generate_and_inspect(model, prompts, 24)
+    eos = plain[0][9]                            # a token the first answer reaches
+    for new in (1, 2, 5, 7):
+        config = GenerationConfig(max_new_tokens=new, eos_token_id=[eos])
+        off = model.generate_batch(prompts, config, ContinuousBatchingConfig())
+        on = model.generate_batch(prompts, config,
+                                  ContinuousBatchingConfig(speculative_config=NGRAM))
+        got = [o.generated_tokens for o in on.values()]
+        assert got == [o.generated_tokens for o in off.values()]
+        assert all(len(t) <= new for t in got)
+
+
+def test_requests_that_need_more_than_raw_logits_take_no_drafts(tiny_llama):
+    """Sampling, penalties, logprobs: one token a step, as without speculation."""
+    model, _ = tiny_llama
+    prompts = looping_prompts(3, seed=20)
+    for config in (GenerationConfig(max_new_tokens=12, do_sample=True, temperature=0.8,
+                                    eos_token_id=[]),
+                   GenerationConfig(max_new_tokens=12, repetition_penalty=1.3, eos_token_id=[])):
+        off = model.generate_batch(prompts, config, ContinuousBatchingConfig(seed=1))
+        on = model.generate_batch(prompts, config,
+                                  ContinuousBatchingConfig(seed=1, speculative_config=NGRAM),
+                                  persistent_manager=True)
+        stats = model._cached_manager.stats()
+        model._cached_manager.destroy()
+        assert [o.generated_tokens for o in on.values()] == \
+            [o.generated_tokens for o in off.values()]
+        assert stats["spec_num_drafts"] == 0
+    logprobs = ContinuousBatchingConfig(return_logprobs=True, speculative_config=NGRAM)
+    greedy = GenerationConfig(max_new_tokens=12, eos_token_id=[])
+    with_logprobs = model.generate_batch(prompts, greedy, logprobs, persistent_manager=True)
+    assert model._cached_manager.stats()["spec_num_drafts"] == 0
+    model._cached_manager.destroy()
+    plain = model.generate_batch(prompts, greedy, ContinuousBatchingConfig(return_logprobs=True))
+    assert [o.logprobs for o in with_logprobs.values()] == [o.logprobs for o in plain.values()]
+
+
+def test_sliding_models_decode_plainly_and_say_why(tiny_mistral, caplog):
+    model, _ = tiny_mistral
+    with caplog.at_level(logging.WARNING, logger="engine.engine_setup"):
+        _, stats = generate_and_inspect(model, looping_prompts(2, seed=30), 8,
+                                        speculative_config=NGRAM)
+    assert stats["spec_decode"] == 0
+    assert "speculative decoding off: sliding-window layers" in caplog.text
+
+
+def test_disable_by_batch_size(tiny_llama):
+    """At 3 running requests or more, steps decode plainly (all 4 run to the end
+    together here); 2 requests speculate."""
+    model, _ = tiny_llama
+    capped = dict(NGRAM, disable_by_batch_size=3)
+    _, stats = generate_and_inspect(model, looping_prompts(4, seed=40), 16,
+                                    speculative_config=capped)
+    _, few_stats = generate_and_inspect(model, looping_prompts(2, seed=40), 16,
+                                        speculative_config=capped)
+    assert stats["spec_num_drafts"] == 0 and few_stats["spec_num_drafts"] > 0

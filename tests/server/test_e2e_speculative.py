@@ -1,0 +1,107 @@
+"""`python -m server --speculative-config '{"method": "ngram", ...}'` on the default
+model: a greedy chat answer that quotes its prompt is the same with speculation and
+without it (`"speculative": false` in the body), streamed too; /metrics counts the
+drafts vLLM's way and /v1/models names the method."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.server.conftest import API_KEY, ENGINE_FLAGS, launch_server
+
+CODE = ("def merge_sorted(a, b):\n    result = []\n    i = j = 0\n"
+        "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+        "            result.append(a[i])\n            i += 1\n        else:\n"
+        "            result.append(b[j])\n            j += 1\n    return result\n")
+PROMPT = "Repeat this code exactly:\n\n" + CODE
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2}
+
+
+@pytest.fixture(scope="module")
+def speculative_server(tmp_path_factory):
+    yield from launch_server(tmp_path_factory, ["--api-key", API_KEY, "--speculative-config",
+                                                json.dumps(SPEC), *ENGINE_FLAGS])
+
+
+def _chat(server, **extra) -> dict:
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 64, "temperature": 0,
+            "messages": [{"role": "user", "content": PROMPT}],
+            **extra}
+    reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120,
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _counters(server) -> dict[str, float]:
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("vllm:spec_decode_")}
+
+
+def test_answers_match_with_and_without_drafts(speculative_server):
+    before = _counters(speculative_server)
+    plain = _chat(speculative_server, speculative=False)
+    assert _counters(speculative_server) == before             # opted out: no drafts
+    drafted = _chat(speculative_server)
+    after = _counters(speculative_server)
+    assert drafted["choices"][0]["message"]["content"] == \
+        plain["choices"][0]["message"]["content"]
+    assert drafted["usage"] == plain["usage"]
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get(
+        "vllm:spec_decode_num_drafts_total", 0)
+    accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0)
+    assert drafts > 0 and accepted > 0
+    assert after["vllm:spec_decode_num_draft_tokens_total"] >= accepted
+
+
+def test_streams_the_same_text(speculative_server):
+    plain = _chat(speculative_server, speculative=False)["choices"][0]["message"]["content"]
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 64, "temperature": 0,
+            "stream": True, "messages": [{"role": "user", "content": PROMPT}]}
+    pieces = []
+    with httpx.stream("POST", f"{speculative_server.base_url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                pieces.append(delta.get("content") or "")
+    assert "".join(pieces) == plain
+
+
+def test_models_name_the_method(speculative_server):
+    card = httpx.get(f"{speculative_server.base_url}/v1/models", timeout=30,
+                     headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"][0]
+    assert card["speculative_decoding"]["method"] == "ngram"
+    assert card["speculative_decoding"]["num_speculative_tokens"] == 4
+
+
+def test_a_bad_setting_stops_the_server_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "server", "--speculative-config",
+                           '{"method": "ngram", "num_speculative_tokens": 0}'],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "speculative_config.num_speculative_tokens must be an integer >= 1" in done.stderr
+
+
+def test_bench_serve_runs_each_level_without_and_with_drafts(speculative_server):
+    from bench.serve import main
+
+    before = _counters(speculative_server)
+    report = main(["--base-url", speculative_server.base_url, "--api-key", API_KEY,
+                   "--workload", "grounded", "--speculative", "off,on", "--concurrency", "2",
+                   "--num-requests", "2", "--output-len", "24"])
+    assert [level["speculative"] for level in report["levels"]] == ["off", "on"]
+    assert all(level["errors"] == 0 and level["output_tokens"] == 2 * 24
+               for level in report["levels"])
+    assert report["workload"]["kind"] == "grounded"
+    assert _counters(speculative_server)["vllm:spec_decode_num_drafts_total"] > \
+        before["vllm:spec_decode_num_drafts_total"]
