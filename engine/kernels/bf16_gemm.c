@@ -208,10 +208,30 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
         }
     return tiles;
 }
-#elif defined(__aarch64__)
+#else   /* BF16_GEMM_WIDEN: the header's tile_vector, store_sums, store_fused_sums */
+#if defined(__aarch64__)
 #include "bf16_tile_neon.h"
 #else
 #include "bf16_tile_256.h"
+#endif
+
+/* The widening tiles': rows [row, row + rows) x vectors [vector, vector + width) of y,
+ * each vector's sums from the header's tile_vector, then the epilogue. */
+static inline void tile(const GemmJob *job, int64_t row, int64_t rows, int64_t vector,
+                        const int width, const uint32_t *next) {
+    const int64_t panel_stride = job->k / 2 * 16;
+    float sums[PANEL][ROWS][16];
+    for (int v = 0; v < width; v++)
+        tile_vector(job, row, rows, vector + v, next ? next + v * panel_stride : NULL, sums[v]);
+    for (int r = 0; r < rows; r++) {
+        if (job->fused) {       /* width 2: (gate j, up j) */
+            store_fused_sums(job, row + r, vector, sums[0][r], sums[1][r]);
+            continue;
+        }
+        for (int v = 0; v < width; v++)
+            store_sums(job, row + r, column_of(job, vector + v), sums[v][r]);
+    }
+}
 #endif
 
 /* Part `part` takes panels from job->panels (its own range first); each panel: all

@@ -88,24 +88,6 @@ static inline void store_fused_sums(const GemmJob *job, int64_t row, int64_t vec
     }
 }
 
-/* Rows [row, row + rows) x vectors [vector, vector + width) of y, as bf16_gemm.c's
- * AVX512-BF16 tile. */
-static inline void tile(const GemmJob *job, int64_t row, int64_t rows, int64_t vector,
-                        const int width, const uint32_t *next) {
-    const int64_t panel_stride = job->k / 2 * 16;
-    float sums[PANEL][ROWS][16];
-    for (int v = 0; v < width; v++)
-        tile_vector(job, row, rows, vector + v, next ? next + v * panel_stride : NULL, sums[v]);
-    for (int r = 0; r < rows; r++) {
-        if (job->fused) {       /* width 2: (gate j, up j) */
-            store_fused_sums(job, row + r, vector, sums[0][r], sums[1][r]);
-            continue;
-        }
-        for (int v = 0; v < width; v++)
-            store_sums(job, row + r, column_of(job, vector + v), sums[v][r]);
-    }
-}
-
 /* x [m, k] bf16 (rows x_stride apart) -> fp32 [m, k] contiguous, or NULL when out of
  * memory. */
 static float *widen_rows(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k) {

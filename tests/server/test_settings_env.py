@@ -23,6 +23,9 @@ def sample(name: str) -> tuple[str, object]:
     """(a variable's text, the value it must give) for field `name`: valid, and not
     the default, so a field the environment fails to set shows."""
     field = FIELDS[name]
+    if name == "speculative_config":             # text the setting checks as JSON
+        text = '{"method": "ngram", "num_speculative_tokens": 3}'
+        return text, text
     annotation, default = field.annotation, field.get_default(call_default_factory=True)
     if get_origin(annotation) is Union or type(annotation).__name__ == "UnionType":
         annotation = next(a for a in get_args(annotation) if a is not type(None))
