@@ -30,7 +30,7 @@ from .pause_gate import PauseGate
 from .requests import RequestState
 from .runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
-from .speculative.acceptance import SpeculationCounts, verify_greedy
+from .speculative.acceptance import SpeculationCounts, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -317,16 +317,15 @@ class EngineLoop:
             news.append(request)
             if request.is_finished and id(request) not in keep_blocks:
                 self._let_go(request)
-        for entry, picks in launched.verified():
-            news.append(self._settle(entry, picks))
+        for entry, verdict in launched.verified:
+            news.append(self._settle(entry, verdict))
         return news
 
-    def _settle(self, entry, picks: list[int]) -> RequestState:
+    def _settle(self, entry, verdict: Verdict) -> RequestState:
         """A verify entry's outcome: its accepted drafts and one token more appended
         (as a plain decode would have picked them, one by one, until one finishes the
         request), its computed positions and pages cut back past the rejected ones."""
         request = entry.request
-        verdict = verify_greedy(picks, list(entry.drafts))
         self.speculation.count(len(entry.drafts), verdict.accepted)
         self.scheduler.proposer.verified(request.request_id, len(entry.drafts), verdict.accepted)
         for token in entry.drafts[:verdict.accepted] + (verdict.next_token,):

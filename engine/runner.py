@@ -21,6 +21,7 @@ from .models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
 from .requests import RequestState
 from .sampling import PendingSample, SampleResult, Sampler, greedy_picks, on_device
 from .scheduler import ScheduledBatch, ScheduledRequest
+from .speculative.acceptance import Verdict
 
 
 SMALL_STEP_TOKENS = 8
@@ -135,9 +136,18 @@ class ModelRunner:
             sample = self.sampler.launch(logits[:len(requests)], requests, masks)
         else:
             masks.wait()
-        # verify rows: their requests pick greedily from raw logits (speculative/proposer.py)
-        picks = greedy_picks(logits[len(requests):]) if verifying else None
-        return LaunchedStep(requests, sample, verifying, picks)
+        verdicts = self._verdicts(logits[len(requests):], verifying) if verifying else []
+        return LaunchedStep(requests, sample, verdicts)
+
+    def _verdicts(self, logits: torch.Tensor, verifying: list[ScheduledRequest]) -> list:
+        """(entry, Verdict) of each verify entry, from its rows of `logits` [V, vocab]."""
+        greedy, found, row = greedy_picks(logits).tolist(), [], 0
+        for entry in verifying:
+            rows = slice(row, row + entry.num_tokens)
+            found.append((entry, self.sampler.verify(logits[rows], entry.request, entry.drafts,
+                                                     greedy[rows])))
+            row += entry.num_tokens
+        return found
 
     @torch.inference_mode()
     def lookahead_inputs(self, batch: ScheduledBatch, previous: "LaunchedStep") -> StepInputs:
@@ -208,24 +218,12 @@ class LaunchedStep:
     requests: list[RequestState]
     """The requests that pick a token, in the picks' order."""
     sample: PendingSample | None
-    verifying: list[ScheduledRequest] = ()
-    """Entries with drafts, in the order of their rows in `verify_picks`."""
-    verify_picks: torch.Tensor | None = None
-    """[V] long: the greedy pick of every verify row (each entry's num_tokens rows)."""
+    verified: list[tuple[ScheduledRequest, Verdict]] = ()
+    """Each entry with drafts and what its verify rows decided (on the host)."""
 
     def result(self) -> SampleResult | None:
         """The picks on the host (waits for the device)."""
         return None if self.sample is None else self.sample.result()
-
-    def verified(self) -> list[tuple[ScheduledRequest, list[int]]]:
-        """Each verify entry with its rows' picks, on the host."""
-        if not self.verifying:
-            return []
-        picks, found, row = self.verify_picks.tolist(), [], 0
-        for entry in self.verifying:
-            found.append((entry, picks[row:row + entry.num_tokens]))
-            row += entry.num_tokens
-        return found
 
 
 def _sliding_blocks(request: RequestState) -> list[int | None]:

@@ -22,6 +22,7 @@ import torch
 
 from .grammar_masks import NO_MASKS, PendingMasks, apply_masks
 from .requests import RequestState
+from .speculative.acceptance import Verdict, verify_greedy, verify_sampled
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,19 @@ class Sampler:
             threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
         return probs
+
+    def verify(self, logits: torch.Tensor, request: RequestState, drafts: tuple[int, ...],
+               greedy: list[int]) -> Verdict:
+        """A verify entry's verdict from its rows' logits [k + 1, vocab] (`greedy`:
+        their argmax, already on the host): the greedy rule, or rejection sampling
+        over the request's processed distributions with its own random stream
+        (speculative/acceptance.py)."""
+        params = request.sampling
+        if params.is_greedy:
+            return verify_greedy(greedy, list(drafts))
+        probs = self._processed_probs(logits, [params] * logits.shape[0])
+        own = request.sampler_state.generator if request.sampler_state else None
+        return verify_sampled(probs, list(drafts), None, own or self.shared_generator)
 
     def _race(self, probs: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
         noise = torch.empty_like(probs)

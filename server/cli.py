@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--speculative-config", metavar="JSON",
                         help='speculative decoding, e.g. \'{"method": "ngram", '
                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-                             '"prompt_lookup_min": 2}\' (greedy requests)')
+                             '"prompt_lookup_min": 2}\'')
     testing = parser.add_argument_group("testing")
     testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
                          help="add POST /debug/fail-engine (kills the engine thread)")

@@ -1,9 +1,11 @@
 """The scheduler's source of drafts: which decoding requests speculate this step and
 with which tokens. Plain Python (the scheduler imports no torch).
 
-A request speculates when its next token is a pure function of the logits the
-verify step scores: greedy picks with no penalties, bias, grammar or logprobs (those
-requests decode one token a step as before, so they stay exact as they were).
+A request speculates when the verify step can judge its drafts from the logits it
+scores alone: greedy picks (exactly the tokens plain decoding gives) or sampling with
+temperature, top-k, top-p and min-p (rejection sampling keeps the distribution), with
+no penalties, bias, grammar or logprobs (those requests decode one token a step as
+before, so they stay as they were).
 Per request the proposer keeps a PromptLookup over its prompt and accepted output,
 fed only the tokens added since the last step, and forgets it when the request ends.
 
@@ -26,9 +28,9 @@ from .prompt_lookup import PromptLookup
 
 
 def speculates(request: RequestState) -> bool:
-    """Whether the request's picks can be verified from raw logits alone."""
+    """Whether the request's drafts can be judged from its rows' logits alone."""
     sampling = request.sampling
-    return (sampling.is_greedy and not sampling.needs_token_counts and not sampling.logit_bias
+    return (not sampling.needs_token_counts and not sampling.logit_bias
             and request.grammar is None and not request.want_logprobs
             and not sampling.logprobs and sampling.top_logprobs == 0 and sampling.speculative)
 

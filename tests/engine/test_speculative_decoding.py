@@ -78,21 +78,16 @@ def test_max_tokens_and_eos_stop_where_they_would(tiny_llama):
 
 
 def test_requests_that_need_more_than_raw_logits_take_no_drafts(tiny_llama):
-    """Sampling, penalties, logprobs: one token a step, as without speculation."""
+    """Penalties and logprobs: one token a step, as without speculation."""
     model, _ = tiny_llama
     prompts = looping_prompts(3, seed=20)
-    for config in (GenerationConfig(max_new_tokens=12, do_sample=True, temperature=0.8,
-                                    eos_token_id=[]),
-                   GenerationConfig(max_new_tokens=12, repetition_penalty=1.3, eos_token_id=[])):
-        off = model.generate_batch(prompts, config, ContinuousBatchingConfig(seed=1))
-        on = model.generate_batch(prompts, config,
-                                  ContinuousBatchingConfig(seed=1, speculative_config=NGRAM),
-                                  persistent_manager=True)
-        stats = model._cached_manager.stats()
-        model._cached_manager.destroy()
-        assert [o.generated_tokens for o in on.values()] == \
-            [o.generated_tokens for o in off.values()]
-        assert stats["spec_num_drafts"] == 0
+    penalized = GenerationConfig(max_new_tokens=12, repetition_penalty=1.3, eos_token_id=[])
+    off = model.generate_batch(prompts, penalized, ContinuousBatchingConfig())
+    on = model.generate_batch(prompts, penalized, ContinuousBatchingConfig(
+        speculative_config=NGRAM), persistent_manager=True)
+    assert model._cached_manager.stats()["spec_num_drafts"] == 0
+    model._cached_manager.destroy()
+    assert [o.generated_tokens for o in on.values()] == [o.generated_tokens for o in off.values()]
     logprobs = ContinuousBatchingConfig(return_logprobs=True, speculative_config=NGRAM)
     greedy = GenerationConfig(max_new_tokens=12, eos_token_id=[])
     with_logprobs = model.generate_batch(prompts, greedy, logprobs, persistent_manager=True)
@@ -100,6 +95,49 @@ def test_requests_that_need_more_than_raw_logits_take_no_drafts(tiny_llama):
     model._cached_manager.destroy()
     plain = model.generate_batch(prompts, greedy, ContinuousBatchingConfig(return_logprobs=True))
     assert [o.logprobs for o in with_logprobs.values()] == [o.logprobs for o in plain.values()]
+
+
+def test_sampled_requests_speculate_and_a_seeded_one_repeats_itself(tiny_llama):
+    model, _ = tiny_llama
+    prompts = looping_prompts(3, seed=21)
+    sampled = GenerationConfig(max_new_tokens=16, do_sample=True, temperature=0.7, top_k=20,
+                               eos_token_id=[])
+    runs = []
+    for _ in range(2):
+        outputs = model.generate_batch(prompts, sampled, ContinuousBatchingConfig(
+            seed=3, speculative_config=NGRAM), persistent_manager=True)
+        stats = model._cached_manager.stats()
+        model._cached_manager.check_invariants()
+        model._cached_manager.destroy()
+        assert stats["spec_num_drafts"] > 0 and stats["num_free_blocks"] == stats["num_blocks"]
+        runs.append([o.generated_tokens for o in outputs.values()])
+    assert runs[0] == runs[1] and all(len(tokens) == 16 for tokens in runs[0])
+
+
+def test_the_samplers_verdicts_keep_the_processed_distribution():
+    """Sampler.verify over rows after temperature and top-k: the first emitted token
+    is distributed as the processed first row (chi-squared, 7 degrees of freedom,
+    p = 0.001: 24.3), whatever is drafted."""
+    import torch
+
+    from engine.generation_config import SamplingParams
+    from engine.requests import RequestState
+    from engine.sampling import Sampler
+
+    sampler = Sampler(torch.device("cpu"), seed=9)
+    params = SamplingParams(do_sample=True, temperature=0.8, top_k=8)
+    request = RequestState("r", [1, 2], 8, (), params)
+    sampler.init_request(request)
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(4)) * 2
+    target = sampler._processed_probs(logits[:1], [params])[0]
+    support = target > 0
+    counts = torch.zeros(12)
+    for _ in range(8000):
+        verdict = sampler.verify(logits, request, (int(target.argmax()), 5), [0, 0, 0])
+        counts[int(target.argmax()) if verdict.accepted else verdict.next_token] += 1
+    assert counts[~support].sum() == 0
+    expected = target[support] * counts.sum()
+    assert float(((counts[support] - expected) ** 2 / expected).sum()) < 24.3
 
 
 def test_sliding_models_decode_plainly_and_say_why(tiny_mistral, caplog):
