@@ -327,6 +327,8 @@ class EngineLoop:
         request), its computed positions and pages cut back past the rejected ones."""
         request = entry.request
         self.speculation.count(len(entry.drafts), verdict.accepted)
+        request.num_draft_tokens += len(entry.drafts)
+        request.num_accepted_tokens += verdict.accepted
         self.scheduler.proposer.verified(request.request_id, len(entry.drafts), verdict.accepted)
         for token in entry.drafts[:verdict.accepted] + (verdict.next_token,):
             request.append_token(token)

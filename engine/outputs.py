@@ -51,6 +51,10 @@ class GenerationOutput:
     minus `created_time`, its time in the queue."""
     timestamps: list[float] | None = field(default=None)
     """`time.perf_counter()` of each generated token, when timestamps are recorded."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens this request's verify steps judged."""
+    num_accepted_tokens: int = 0
+    """Of those, how many it kept."""
 
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.FAILED)

@@ -58,6 +58,9 @@ class RequestState:
     sampler_state: Any = None
     """Owned by the sampler (sampling.RequestSampling: the request's random stream and
     logit bias tensors), set when the engine takes the request."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens judged for this request, and kept."""
+    num_accepted_tokens: int = 0
     grammar: GrammarMatcher | None = None
     """Constrained decoding: what the output must match (grammar.py); its matcher
     advances with every generated token."""
@@ -130,4 +133,5 @@ class RequestState:
             created_time=self.created_time,
             first_scheduled_time=self.first_scheduled_time,
             timestamps=list(self.timestamps) if self.record_timestamps else None,
+            num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
         )

@@ -138,6 +138,9 @@ class GenerationRun:
             record.error_code = error.code
         for choice in choices:
             output = choice.last_output
+            if output is not None:
+                record.draft_tokens += output.num_draft_tokens
+                record.accepted_tokens += output.num_accepted_tokens
             if output is not None and output.timestamps:
                 first = output.timestamps[0]
                 if record.first_token_time is None or first < record.first_token_time:

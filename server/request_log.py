@@ -47,6 +47,9 @@ class RequestRecord:
     """Set when generation failed after the response had started (streams)."""
     prompt_text: str | None = None
     output_texts: dict[int, list[str]] = field(default_factory=dict)
+    draft_tokens: int = 0
+    """Speculative decoding: draft tokens judged over the request's choices, and kept."""
+    accepted_tokens: int = 0
 
     def add_output_text(self, index: int, text: str) -> None:
         self.output_texts.setdefault(index, []).append(text)
@@ -63,6 +66,8 @@ class RequestRecord:
             "completion_tokens": self.completion_tokens, "ttft_ms": ttft,
             "latency_ms": round((now - self.arrival) * 1000, 1),
             "finish_reason": ",".join(self.finish_reasons) or None, "error": self.error_code,
+            "spec_acceptance": (round(self.accepted_tokens / self.draft_tokens, 3)
+                                if self.draft_tokens else None),
         }
         if log_prompts:
             values["prompt"] = self.prompt_text

@@ -24,7 +24,8 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 @pytest.fixture(scope="module")
 def speculative_server(tmp_path_factory):
     yield from launch_server(tmp_path_factory, ["--api-key", API_KEY, "--speculative-config",
-                                                json.dumps(SPEC), *ENGINE_FLAGS])
+                                                json.dumps(SPEC), "--log-level", "info",
+                                                *ENGINE_FLAGS])
 
 
 def _chat(server, **extra) -> dict:
@@ -58,6 +59,10 @@ def test_answers_match_with_and_without_drafts(speculative_server):
         "vllm:spec_decode_num_accepted_tokens_total", 0)
     assert drafts > 0 and accepted > 0
     assert after["vllm:spec_decode_num_draft_tokens_total"] >= accepted
+    log = speculative_server.log_path.read_text(errors="replace")
+    rates = [float(line.split("spec_acceptance=")[1].split()[0]) for line in log.splitlines()
+             if "spec_acceptance=" in line]
+    assert rates and all(0.0 <= rate <= 1.0 for rate in rates)      # the drafted request's
 
 
 def test_streams_the_same_text(speculative_server):
