@@ -209,6 +209,14 @@ static uint16_t *tile_x(const uint16_t *x, int64_t x_stride, int64_t m, int64_t 
     return tiles;
 }
 #else   /* BF16_GEMM_WIDEN: the header's tile_vector, store_sums, store_fused_sums */
+/* x[0 .. count): rows row, row + 1, ... of x widened (GemmJob.wide); rows past m
+ * repeat the last one (their sums are not stored). */
+static inline void wide_rows(const GemmJob *job, int64_t row, int64_t rows, int count,
+                             const float **x) {
+    for (int r = 0; r < count; r++)
+        x[r] = job->wide + (row + (r < rows ? r : rows - 1)) * job->k;
+}
+
 #if defined(__aarch64__)
 #include "bf16_tile_neon.h"
 #else

@@ -34,9 +34,8 @@ static inline void tile_vector(const GemmJob *job, int64_t row, int64_t rows, in
                                const uint32_t *next, float sums[ROWS][16]) {
     const int64_t pairs = job->k / 2;
     const uint32_t *w = job->w + vector * pairs * 16;
-    const float *x[ROWS];           /* rows past m repeat the last one, not stored */
-    for (int r = 0; r < ROWS; r++)
-        x[r] = job->wide + (row + (r < rows ? r : rows - 1)) * job->k;
+    const float *x[ROWS];
+    wide_rows(job, row, rows, ROWS, x);
     __m256 acc[ROWS][2];
     for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {

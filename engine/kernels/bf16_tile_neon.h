@@ -25,9 +25,8 @@ static inline void tile_vector(const GemmJob *job, int64_t row, int64_t rows, in
                                const uint32_t *next, float sums[ROWS][16]) {
     const int64_t pairs = job->k / 2;
     const uint32_t *w = job->w + vector * pairs * 16;
-    const float *x[ROWS];           /* rows past m repeat the last one, not stored */
-    for (int r = 0; r < ROWS; r++)
-        x[r] = job->wide + (row + (r < rows ? r : rows - 1)) * job->k;
+    const float *x[ROWS];
+    wide_rows(job, row, rows, ROWS, x);
     const uint32x4_t high_half = vdupq_n_u32(0xffff0000u);
     float32x4_t acc[ROWS][4];
     for (int r = 0; r < ROWS; r++)
