@@ -156,6 +156,8 @@ class EngineLoop:
             "spec_num_drafts": self.speculation.num_drafts,
             "spec_num_draft_tokens": self.speculation.num_draft_tokens,
             "spec_num_accepted_tokens": self.speculation.num_accepted_tokens,
+            **{f"spec_accepted_at_{position}": count
+               for position, count in enumerate(self.speculation.accepted_per_position)},
         }
 
     def check_invariants(self) -> None:

@@ -11,7 +11,9 @@ has vLLM's name, unit and meaning, and a `model_name` label. Two sources feed th
         vllm:prefix_cache_queries_total  counter  prompt tokens looked up in the prefix cache
         vllm:prefix_cache_hits_total     counter  of those, tokens found cached
         vllm:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
-        ..._num_accepted_tokens_total    speculative decoding's proposals and acceptances
+        ..._num_accepted_tokens_total,
+        ..._num_accepted_tokens_per_pos_total{position}  speculative decoding's proposals
+                                         and acceptances
         kvserve:* (ours)                 engine alive, block counts, steps, swaps
 
     each finished engine request (one per choice), observed by the server:
@@ -65,6 +67,8 @@ _ENGINE_COUNTERS = {
     "spec_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",
                                  "Draft tokens accepted."),
 }
+_PER_POSITION = "spec_accepted_at_"
+"""Engine stats `spec_accepted_at_<i>`: drafts accepted at position i of their step."""
 _ENGINE_GAUGES = {
     "num_blocks": ("kvserve:kv_cache_blocks", "KV cache blocks in total."),
     "num_free_blocks": ("kvserve:kv_cache_free_blocks",
@@ -103,6 +107,17 @@ class EngineCollector:
         for key, (name, documentation) in _ENGINE_COUNTERS.items():
             family = CounterMetricFamily(name, documentation, labels=["model_name"])
             family.add_metric(self._labels, stats[key])
+            yield family
+        positions = sorted(int(key.removeprefix(_PER_POSITION)) for key in stats
+                           if key.startswith(_PER_POSITION))
+        if positions:
+            family = CounterMetricFamily(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Draft tokens accepted, by their position among a step's drafts (0 first).",
+                labels=["model_name", "position"])
+            for position in positions:
+                family.add_metric([*self._labels, str(position)],
+                                  stats[f"{_PER_POSITION}{position}"])
             yield family
 
 

@@ -40,7 +40,9 @@ def _chat(server, **extra) -> dict:
 
 def _counters(server) -> dict[str, float]:
     text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
-    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+    return {line.split("{")[0] + ("@" + line.split('position="')[1].split('"')[0]
+                                  if 'position="' in line else ""):
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line.startswith("vllm:spec_decode_")}
 
 
@@ -59,6 +61,11 @@ def test_answers_match_with_and_without_drafts(speculative_server):
         "vllm:spec_decode_num_accepted_tokens_total", 0)
     assert drafts > 0 and accepted > 0
     assert after["vllm:spec_decode_num_draft_tokens_total"] >= accepted
+    per_position = [after[f"vllm:spec_decode_num_accepted_tokens_per_pos_total@{i}"]
+                    for i in range(4) if f"vllm:spec_decode_num_accepted_tokens_per_pos_total@{i}"
+                    in after]
+    assert sum(per_position) == after["vllm:spec_decode_num_accepted_tokens_total"]
+    assert per_position == sorted(per_position, reverse=True)   # a later one needs the earlier
     log = speculative_server.log_path.read_text(errors="replace")
     rates = [float(line.split("spec_acceptance=")[1].split()[0]) for line in log.splitlines()
              if "spec_acceptance=" in line]
