@@ -22,7 +22,7 @@ from .model_spec import EngineModelSpec
 from .kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .speculative.proposer import NgramProposer
+from .speculative.proposer import NgramProposer, make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _proposer(config: ContinuousBatchingConfig, spec: EngineModelSpec, distribut
         return None
     logger.info("speculative decoding: %s, up to %d drafts a step", speculative.method,
                 speculative.num_speculative_tokens)
-    return NgramProposer(speculative)
+    return make_proposer(speculative)
 
 
 def _step_sync(model, config: ContinuousBatchingConfig) -> StepSync | None:

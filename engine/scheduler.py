@@ -119,7 +119,7 @@ class Scheduler:
     def _drop(self, request: RequestState) -> None:
         self.blocks.drop(request)
         if self.proposer is not None:
-            self.proposer.forget(request.request_id)
+            self.proposer.forget(request)
 
     def settle_verify(self, request: RequestState, computed: int) -> None:
         """After a verify step: `computed` of the request's positions hold K/V of its

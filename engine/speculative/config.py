@@ -4,7 +4,11 @@
                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 
 `method`: "ngram", prompt lookup over the request's own prompt and output
-(prompt_lookup.py); the only proposer so far. `num_speculative_tokens` caps the
+(prompt_lookup.py); or "suffix", the same plus the outputs of recent requests
+(suffix_cache.py): `suffix_decoding_max_cached_requests` of them are kept (the
+oldest evicted), and a shared continuation is proposed while its estimated
+probability stays at `suffix_decoding_min_token_prob` or more (both unread by
+"ngram"). `prompt_lookup_min`/`_max` bound the n-grams both match. `num_speculative_tokens` caps the
 drafts per step. `disable_by_batch_size`: at this many running requests or more, steps decode
 plainly (a large batch is compute-bound, and verifying drafts there costs more than
 it saves). Validated once; errors name the field.
@@ -16,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     disable_by_batch_size: int | None = None
+    suffix_decoding_max_cached_requests: int = 1000
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -33,13 +39,20 @@ class SpeculativeConfig:
                              f"got {self.method!r}")
         for name, value, low in (("num_speculative_tokens", self.num_speculative_tokens, 1),
                                  ("prompt_lookup_max", self.prompt_lookup_max, 1),
-                                 ("prompt_lookup_min", self.prompt_lookup_min, 1)):
+                                 ("prompt_lookup_min", self.prompt_lookup_min, 1),
+                                 ("suffix_decoding_max_cached_requests",
+                                  self.suffix_decoding_max_cached_requests, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"speculative_config.{name} must be an integer >= {low}, "
                                  f"got {value!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min})"
                              f" must not exceed prompt_lookup_max ({self.prompt_lookup_max})")
+        prob = self.suffix_decoding_min_token_prob
+        if (not isinstance(prob, (int, float)) or isinstance(prob, bool)
+                or not 0.0 <= prob <= 1.0):
+            raise ValueError(f"speculative_config.suffix_decoding_min_token_prob must be a "
+                             f"number in [0, 1], got {prob!r}")
         size = self.disable_by_batch_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool)
                                  or size < 1):

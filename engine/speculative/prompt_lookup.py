@@ -7,7 +7,7 @@ last n tokens against the earlier text and copying what came after them proposes
 those spans for free. Worked example (n = 2, k = 3):
 
     tokens  = [5, 8, 2, 9, 4, 1, 5, 8]        the ending [5, 8] occurred at 0..1
-    propose -> [2, 9, 4]                       what followed it there
+    propose -> (2, [2, 9, 4])                  what followed it there, n = 2
 
 Longer matches are tried first (`max_n` down to `min_n`): a longer shared ending is
 more likely to continue the same way. Among occurrences the most recent wins.
@@ -49,14 +49,14 @@ class PromptLookup:
                 if end + 1 >= n:
                     table[tuple(self.tokens[end + 1 - n:end + 1])] = end + 1
 
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest ending seen before (empty when no
-        ending of min_n or more tokens occurred earlier)."""
+    def propose(self, k: int) -> tuple[int, list[int]]:
+        """(n, up to k tokens) that followed the longest ending of n tokens seen
+        before; (0, []) when no ending of min_n or more tokens occurred earlier."""
         if k <= 0:
-            return []
+            return 0, []
         size = len(self.tokens)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             follower = self.follows[n].get(tuple(self.tokens[size - n:]))
             if follower is not None:
-                return self.tokens[follower:follower + k]
-        return []
+                return n, self.tokens[follower:follower + k]
+        return 0, []

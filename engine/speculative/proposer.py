@@ -6,18 +6,25 @@ scores alone: greedy picks (exactly the tokens plain decoding gives) or sampling
 temperature, top-k, top-p and min-p (rejection sampling keeps the distribution), with
 no penalties, bias, grammar or logprobs (those requests decode one token a step as
 before, so they stay as they were).
-Per request the proposer keeps a PromptLookup over its prompt and accepted output,
-fed only the tokens added since the last step, and forgets it when the request ends.
+
+Two proposers, one per method (`make_proposer`):
+- NgramProposer ("ngram"): per request a PromptLookup over its prompt and accepted
+  output, fed only the tokens added since the last step, forgotten when it ends.
+- SuffixProposer ("suffix"): the same per request, plus a SuffixCache of the outputs
+  of recent requests, which every request ending adds its output to. Of the two
+  proposals the one matching the longer ending wins (then the longer one, then the
+  request's own).
 
 Worked example, 4 drafts allowed, the request 3 tokens short of max_new_tokens: at
 most 2 drafts are proposed (the verify step adds one token of its own), and the
 step feeds the last token plus those 2.
 
 How many it proposes adapts to what the request's last verify step kept: one more
-than the drafts accepted there (all kept: one more than proposed), between 1 and
+than the drafts accepted there (all kept: twice as many as proposed), between 1 and
 num_speculative_tokens. A verify row costs nearly a decode row where a step is
 compute-bound (docs/speculative-decoding.md), so drafts that keep being rejected
-shrink to a single cheap probe.
+shrink to a single cheap probe, while a request that keeps quoting reaches the cap
+in a few steps.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 from ..requests import RequestState
 from .config import SpeculativeConfig
 from .prompt_lookup import PromptLookup
+from .suffix_cache import SuffixCache
 
 
 def speculates(request: RequestState) -> bool:
@@ -58,13 +66,42 @@ class NgramProposer:
             lookup = self.lookups[request.request_id] = PromptLookup(
                 config.prompt_lookup_min, config.prompt_lookup_max)
         lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
-        return tuple(lookup.propose(limit))
+        return tuple(self._propose(lookup, limit))
+
+    def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
+        return lookup.propose(limit)[1]
 
     def verified(self, request_id: str, proposed: int, accepted: int) -> None:
-        """The outcome of a verify step: the next one proposes accepted + 1 drafts."""
-        grown = accepted + 1 if accepted < proposed else proposed + 1
+        """The outcome of a verify step: the next one proposes accepted + 1 drafts,
+        or twice as many when all were kept."""
+        grown = accepted + 1 if accepted < proposed else 2 * proposed
         self.limits[request_id] = max(1, min(self.config.num_speculative_tokens, grown))
 
-    def forget(self, request_id: str) -> None:
-        self.lookups.pop(request_id, None)
-        self.limits.pop(request_id, None)
+    def forget(self, request: RequestState) -> None:
+        """The request left the engine (finished, cancelled or failed)."""
+        self.lookups.pop(request.request_id, None)
+        self.limits.pop(request.request_id, None)
+
+
+class SuffixProposer(NgramProposer):
+    def __init__(self, config: SpeculativeConfig) -> None:
+        super().__init__(config)
+        self.cache = SuffixCache(config.prompt_lookup_min, config.prompt_lookup_max,
+                                 config.suffix_decoding_max_cached_requests,
+                                 config.suffix_decoding_min_token_prob)
+
+    def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
+        own_n, own = lookup.propose(limit)
+        tail = lookup.tokens[len(lookup.tokens) - self.config.prompt_lookup_max:]
+        shared_n, shared = self.cache.propose(tail, limit)
+        return shared if (shared_n, len(shared)) > (own_n, len(own)) else own
+
+    def forget(self, request: RequestState) -> None:
+        """Its output (every token it accepted) joins the shared cache."""
+        if request.generated_tokens:
+            self.cache.add(request.generated_tokens)
+        super().forget(request)
+
+
+def make_proposer(config: SpeculativeConfig) -> NgramProposer:
+    return SuffixProposer(config) if config.method == "suffix" else NgramProposer(config)

@@ -62,6 +62,39 @@ def test_chunked_prefill_prefix_hits_and_preemption(tiny_llama):
     assert stats["num_preemptions"] > 0                 # (rejected drafts rolled back too)
 
 
+def test_suffix_proposes_earlier_answers_and_keeps_greedy_tokens(tiny_llama):
+    """The same prompts answered twice by one manager: the second time the earlier
+    answers (the shared suffix cache) are proposed and most are kept, where
+    prompt lookup alone finds little; the tokens stay those of plain decoding."""
+    from engine import GenerationConfig
+
+    model, _ = tiny_llama
+    prompts = random_prompts(4, 6, 20, seed=21)
+    config = GenerationConfig(max_new_tokens=24, eos_token_id=[])
+    plain = [o.generated_tokens for o in model.generate_batch(
+        prompts, config, ContinuousBatchingConfig()).values()]
+    counts = {}
+    for method in ("ngram", "suffix"):
+        manager = model.init_continuous_batching(config, ContinuousBatchingConfig(
+            speculative_config={**NGRAM, "method": method}))
+        manager.start()
+        try:
+            for run in range(2):
+                ids = [manager.add_request(p, max_new_tokens=24) for p in prompts]
+                results = {}
+                while len(results) < len(ids):
+                    result = manager.get_result(timeout=60)
+                    results[result.request_id] = result
+                assert [results[i].generated_tokens for i in ids] == plain, (method, run)
+            manager.check_invariants()
+            counts[method] = (sum(r.num_accepted_tokens for r in results.values()),
+                              sum(r.num_draft_tokens for r in results.values()))
+        finally:
+            manager.stop()
+    accepted, drafted = counts["suffix"]
+    assert accepted >= 0.8 * drafted and accepted >= 2 * counts["ngram"][0], counts
+
+
 def test_max_tokens_and_eos_stop_where_they_would(tiny_llama):
     model, _ = tiny_llama
     prompts = looping_prompts(4, seed=12)

@@ -13,6 +13,7 @@ import torch
 from engine.speculative.acceptance import verify_greedy, verify_sampled
 from engine.speculative.config import SpeculativeConfig
 from engine.speculative.prompt_lookup import PromptLookup
+from engine.speculative.suffix_cache import SuffixCache
 
 
 def brute_force(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -28,10 +29,10 @@ def brute_force(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
 def test_the_worked_example():
     lookup = PromptLookup(2, 2)
     lookup.extend([5, 8, 2, 9, 4, 1, 5, 8])
-    assert lookup.propose(3) == [2, 9, 4]
-    assert lookup.propose(0) == []
+    assert lookup.propose(3) == (2, [2, 9, 4])
+    assert lookup.propose(0) == (0, [])
     lookup.extend([7])                              # [8, 7] never occurred
-    assert lookup.propose(3) == []
+    assert lookup.propose(3) == (0, [])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -45,10 +46,60 @@ def test_the_index_agrees_with_a_search_as_tokens_arrive(seed):
     tokens.extend(prompt)
     for _ in range(60):
         k = rng.randrange(1, 6)
-        assert lookup.propose(k) == brute_force(tokens, min_n, max_n, k), (tokens, k)
+        assert lookup.propose(k)[1] == brute_force(tokens, min_n, max_n, k), (tokens, k)
         step = [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
         lookup.extend(step)
         tokens.extend(step)
+
+
+def test_the_suffix_caches_worked_example():
+    cache = SuffixCache(2, 2, max_requests=10, min_token_prob=0.3)
+    for output in ([7, 3, 4, 5, 6], [7, 3, 4, 5, 9], [1, 7, 3, 8]):
+        cache.add(output)
+    assert cache.propose([0, 7, 3], 8) == (2, [4, 5, 9])
+    assert cache.propose([0, 7, 3], 2) == (2, [4, 5])
+    assert cache.propose([7, 2], 8) == (0, [])                  # (7, 2) never cached
+    strict = SuffixCache(2, 2, max_requests=10, min_token_prob=0.5)
+    for output in ([7, 3, 4, 5, 6], [7, 3, 4, 5, 9], [1, 7, 3, 8]):
+        strict.add(output)
+    assert strict.propose([7, 3], 8) == (2, [4, 5])             # 9 at p 0.33: cut
+
+
+def test_the_suffix_cache_prefers_longer_endings_and_evicts_the_oldest():
+    cache = SuffixCache(1, 3, max_requests=2, min_token_prob=0.1)
+    cache.add([1, 2, 3, 10, 11])
+    cache.add([9, 2, 3, 20, 21])
+    assert cache.propose([1, 2, 3], 2) == (3, [10, 11])         # (1, 2, 3) beats (2, 3)
+    assert cache.propose([5, 2, 3], 2) == (2, [20, 21])         # a tie: the latest
+    cache.add([4, 4, 4, 4])                                     # evicts the first output
+    assert len(cache) == 2
+    assert cache.propose([1, 2, 3], 2) == (2, [20, 21])
+    assert all(place[0] != 0 for places in cache.places.values() for place in places)
+    assert (1, 2) not in cache.places and (1,) not in cache.places
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_suffix_cache_agrees_with_a_search_over_its_outputs(seed):
+    """With one occurrence per n-gram in view, the walk is the latest continuation."""
+    rng = random.Random(seed)
+    cache = SuffixCache(1, 3, max_requests=4, min_token_prob=0.0)
+    outputs = [[rng.randrange(6) for _ in range(rng.randrange(2, 30))] for _ in range(7)]
+    for output in outputs:
+        cache.add(output)
+    kept = outputs[-4:]
+    for _ in range(50):
+        ending = [rng.randrange(6) for _ in range(3)]
+        n, proposed = cache.propose(ending, 4)
+        longest = 0
+        for size in range(3, 0, -1):
+            if any(out[i:i + size] == ending[3 - size:] for out in kept
+                   for i in range(len(out) - size)):
+                longest = size
+                break
+        assert n == longest
+        if n:       # the proposal continues some cached occurrence of that ending
+            assert any(out[i:i + n] == ending[3 - n:] and out[i + n:i + n + len(proposed)] == proposed
+                       for out in kept for i in range(len(out) - n))
 
 
 def test_lookup_sizes_are_checked():
@@ -108,7 +159,11 @@ def test_a_certain_draft_is_always_kept():
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"method": "eagle"}', "method must be one of ngram, got 'eagle'"),
+    ('{"method": "eagle"}', "method must be one of ngram, suffix, got 'eagle'"),
+    ('{"method": "suffix", "suffix_decoding_min_token_prob": 1.5}',
+     "suffix_decoding_min_token_prob must be a number in [0, 1], got 1.5"),
+    ('{"method": "suffix", "suffix_decoding_max_cached_requests": -1}',
+     "suffix_decoding_max_cached_requests must be an integer >= 0"),
     ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be"),
     ('{"method": "ngram", "prompt_lookup_min": 5}', "prompt_lookup_min (5) must not exceed"),
     ('{"method": "ngram", "lookahead": 2}', "unknown keys ['lookahead']"),
