@@ -225,6 +225,28 @@ class GrammarMatcher:
             self._closing_path.pop(0)
         self._matcher.consume_token(token_id)
 
+    def draftable(self, drafts: tuple[int, ...], remaining: int) -> tuple[int, ...]:
+        """The longest prefix of a step's drafts (speculative decoding) the grammar
+        accepts from here, with no EOS among them; none while the output is closing
+        or may start to within the step (so every verify row is masked as plainly
+        decoding it would be: freely, by the grammar alone)."""
+        window = max(CLOSING_WINDOW, 3 * self._closing_margin)
+        if self._closing or self._closing_path or remaining - len(drafts) - 1 <= window:
+            return ()
+        clean = next((i for i, t in enumerate(drafts) if t in self.eos_token_ids), len(drafts))
+        return drafts[:self._matcher.validate_tokens(list(drafts[:clean]))]
+
+    def draft_bitmasks(self, drafts: tuple[int, ...]) -> list[tuple[bytes, bool]]:
+        """(bitmask, EOS allowed) before each draft and after the last (k + 1 rows),
+        drafts already `draftable`; the matcher is rolled back to where it was."""
+        masks = []
+        for i in range(len(drafts) + 1):
+            masks.append((self._matcher.compute_bitmask(), self._matcher.is_accepting()))
+            if i < len(drafts) and not self._matcher.consume_token(drafts[i]):
+                raise RuntimeError(f"draft {drafts[i]} left a grammar it was checked against")
+        self._matcher.rollback(len(drafts))
+        return masks
+
     def forced_token(self, remaining: int) -> int | None:
         """The only token allowed next when `remaining` tokens are left and the
         output must start closing now to stay valid; None while sampling is free.

@@ -17,11 +17,10 @@ queued and the host is free anyway.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .grammar import GrammarMatcher
 
 _BYTE_BLOCKED = torch.tensor([[not (byte >> bit) & 1 for bit in range(8)] for byte in range(256)],
                              dtype=torch.bool)
@@ -35,12 +34,16 @@ class PendingMasks:
     """Sampling rows (indices into the step's picks) the masks belong to."""
     future: Future | None
     bitmask: torch.Tensor | None
-    """[len(rows), words] int32 on the host, filled by `future`."""
+    """[len(rows) + the verify rows, words] int32 on the host, filled by `future`."""
+    verify_rows: dict[int, slice] = field(default_factory=dict)
+    """A constrained verify entry (its index among the step's verify entries) -> its
+    k + 1 rows of `bitmask`, after the sampling rows'."""
 
     def wait(self) -> torch.Tensor:
+        """The sampling rows' masks, once all are filled."""
         if self.future is not None:
             self.future.result()
-        return self.bitmask
+        return self.bitmask[:len(self.rows)] if self.bitmask is not None else None
 
 
 NO_MASKS = PendingMasks([], None, None)
@@ -55,23 +58,40 @@ class GrammarMasks:
         self._executor = None
         self._helper: ThreadPoolExecutor | None = None
 
-    def start(self, requests: list) -> PendingMasks:
-        """Begin the masks of `requests` (a step's sampling rows, in order)."""
+    def start(self, requests: list, verifying: list = ()) -> PendingMasks:
+        """Begin the masks of `requests` (a step's sampling rows, in order) and of
+        the verify entries' rows (`verifying`: ScheduledRequests with drafts)."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
-        if not rows:
+        drafted = [(i, entry) for i, entry in enumerate(verifying)
+                   if entry.request.grammar is not None]
+        if not rows and not drafted:
             return NO_MASKS
+        verify_rows, first = {}, len(rows)
+        for i, entry in drafted:
+            verify_rows[i] = slice(first, first + len(entry.drafts) + 1)
+            first += len(entry.drafts) + 1
         constrained = [requests[i] for i in rows]
-        bitmask = torch.empty((len(rows), constrained[0].grammar.mask_words), dtype=torch.int32,
+        words = (constrained[0] if constrained else drafted[0][1].request).grammar.mask_words
+        bitmask = torch.empty((first, words), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
         if self._executor is None:
             from llguidance import LLExecutor
             self._executor = LLExecutor()
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="kvserve-masks")
-        future = self._helper.submit(self._fill, constrained, bitmask)
-        return PendingMasks(rows, future, bitmask)
+        future = self._helper.submit(self._fill, constrained, bitmask,
+                                     [(entry, verify_rows[i]) for i, entry in drafted])
+        return PendingMasks(rows, future, bitmask, verify_rows)
+
+    def verify_masks(self, masks: PendingMasks, index: int) -> torch.Tensor | None:
+        """Verify entry `index`'s [k + 1, words] masks (None: unconstrained)."""
+        rows = masks.verify_rows.get(index)
+        if rows is None:
+            return None
+        masks.wait()
+        return masks.bitmask[rows]
 
     @torch.inference_mode()     # the bitmask was made under the runner's inference mode
-    def _fill(self, requests: list, bitmask: torch.Tensor) -> None:
+    def _fill(self, requests: list, bitmask: torch.Tensor, drafted: list) -> None:
         """Helper thread, while the engine thread runs the forward pass: the engine
         thread touches neither these requests' matchers nor `bitmask` until `wait`."""
         free, free_rows = [], set()
@@ -89,7 +109,16 @@ class GrammarMasks:
                                                    bitmask.shape[1] * 4, len(requests))
         for row, request in enumerate(requests):
             if request.grammar.eos_fix is not None and row in free_rows:
-                _fix_eos(bitmask[row], request.grammar)
+                _fix_eos(bitmask[row], request.grammar.eos_fix, request.grammar.eos_allowed())
+        for entry, rows in drafted:      # a verify entry's rows: one after another
+            grammar = entry.request.grammar
+            width = bitmask.shape[1] * 4         # llguidance's masks may run a word longer
+            for row, (words, eos_allowed) in zip(range(rows.start, rows.stop),
+                                                 grammar.draft_bitmasks(entry.drafts)):
+                bitmask[row].view(torch.uint8).copy_(torch.frombuffer(bytearray(words[:width]),
+                                                                      dtype=torch.uint8))
+                if grammar.eos_fix is not None:
+                    _fix_eos(bitmask[row], grammar.eos_fix, eos_allowed)
 
     def close(self) -> None:
         """End the helper thread (the manager's destroy)."""
@@ -98,15 +127,16 @@ class GrammarMasks:
             self._helper = self._executor = None
 
 
-def _fix_eos(words: torch.Tensor, matcher: GrammarMatcher) -> None:
-    """Swap llguidance's EOS ids for the request's own: the request ends on its ids
-    (none under ignore_eos), allowed only where the grammar is complete. Works on
-    the row's bytes (little-endian words: token i is bit i % 8 of byte i // 8)."""
-    grammar_eos, own = matcher.eos_fix
+def _fix_eos(words: torch.Tensor, eos_fix: tuple, eos_allowed: bool) -> None:
+    """Swap llguidance's EOS ids for the request's own (GrammarMatcher.eos_fix): the
+    request ends on its ids (none under ignore_eos), allowed only where the grammar
+    is complete (`eos_allowed`). Works on the row's bytes (little-endian words:
+    token i is bit i % 8 of byte i // 8)."""
+    grammar_eos, own = eos_fix
     as_bytes = words.view(torch.uint8)
     for token_id in grammar_eos:
         as_bytes[token_id // 8] &= 0xFF ^ (1 << (token_id % 8))
-    if matcher.eos_allowed():
+    if eos_allowed:
         for token_id in own:
             as_bytes[token_id // 8] |= 1 << (token_id % 8)
 

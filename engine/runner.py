@@ -12,7 +12,7 @@ from .batch import StepInputs, build_step_inputs
 from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
-from .grammar_masks import NO_MASKS, GrammarMasks
+from .grammar_masks import NO_MASKS, GrammarMasks, PendingMasks, apply_masks
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
 from .kv_cache.sizing import CacheSizing
@@ -125,7 +125,8 @@ class ModelRunner:
             [batch.entries[i].request for i in inputs.sampling_entries]
         verifying = [] if inputs is None else [batch.entries[i] for i in inputs.verify_entries]
         # grammar masks are computed while the forward pass runs (grammar_masks.py)
-        masks = self.grammar_masks.start(requests) if requests else NO_MASKS
+        masks = self.grammar_masks.start(requests, verifying) if requests or verifying \
+            else NO_MASKS
         hidden = self._run_plan(plan)
         if hidden is None or not (requests or verifying):
             masks.wait()
@@ -136,18 +137,34 @@ class ModelRunner:
             sample = self.sampler.launch(logits[:len(requests)], requests, masks)
         else:
             masks.wait()
-        verdicts = self._verdicts(logits[len(requests):], verifying) if verifying else []
+        verdicts = self._verdicts(logits[len(requests):], verifying, masks) if verifying else []
         return LaunchedStep(requests, sample, verdicts)
 
-    def _verdicts(self, logits: torch.Tensor, verifying: list[ScheduledRequest]) -> list:
-        """(entry, Verdict) of each verify entry, from its rows of `logits` [V, vocab]."""
-        greedy, found, row = greedy_picks(logits).tolist(), [], 0
-        for entry in verifying:
-            rows = slice(row, row + entry.num_tokens)
+    def _verdicts(self, logits: torch.Tensor, verifying: list[ScheduledRequest],
+                  masks: PendingMasks) -> list:
+        """(entry, Verdict) of each verify entry, from its rows of `logits` [V, vocab],
+        a constrained entry's rows masked by its grammar first, as each row would be
+        when decoded plainly."""
+        spans = self._verify_spans(verifying)
+        for index, rows in spans.items():
+            bitmask = self.grammar_masks.verify_masks(masks, index)
+            if bitmask is not None:
+                logits[rows] = apply_masks(logits[rows], list(range(bitmask.shape[0])), bitmask)
+        greedy, found = greedy_picks(logits).tolist(), []
+        for index, rows in spans.items():
+            entry = verifying[index]
             found.append((entry, self.sampler.verify(logits[rows], entry.request, entry.drafts,
                                                      greedy[rows])))
-            row += entry.num_tokens
         return found
+
+    @staticmethod
+    def _verify_spans(verifying: list[ScheduledRequest]) -> dict[int, slice]:
+        """Each verify entry's rows among the step's verify logits, in order."""
+        spans, row = {}, 0
+        for index, entry in enumerate(verifying):
+            spans[index] = slice(row, row + entry.num_tokens)
+            row += entry.num_tokens
+        return spans
 
     @torch.inference_mode()
     def lookahead_inputs(self, batch: ScheduledBatch, previous: "LaunchedStep") -> StepInputs:

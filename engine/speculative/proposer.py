@@ -4,8 +4,10 @@ with which tokens. Plain Python (the scheduler imports no torch).
 A request speculates when the verify step can judge its drafts from the logits it
 scores alone: greedy picks (exactly the tokens plain decoding gives) or sampling with
 temperature, top-k, top-p and min-p (rejection sampling keeps the distribution), with
-no penalties, bias, grammar or logprobs (those requests decode one token a step as
-before, so they stay as they were).
+no penalties, bias or logprobs (those requests decode one token a step as before, so
+they stay as they were). A grammar's request keeps only the drafts its grammar
+accepts (GrammarMatcher.draftable), and each of its verify rows is masked as that
+position would be when decoded plainly (grammar_masks.py).
 
 Two proposers, one per method (`make_proposer`):
 - NgramProposer ("ngram"): per request a PromptLookup over its prompt and accepted
@@ -39,7 +41,7 @@ def speculates(request: RequestState) -> bool:
     """Whether the request's drafts can be judged from its rows' logits alone."""
     sampling = request.sampling
     return (not sampling.needs_token_counts and not sampling.logit_bias
-            and request.grammar is None and not request.want_logprobs
+            and not request.want_logprobs
             and not sampling.logprobs and sampling.top_logprobs == 0 and sampling.speculative)
 
 
@@ -66,7 +68,10 @@ class NgramProposer:
             lookup = self.lookups[request.request_id] = PromptLookup(
                 config.prompt_lookup_min, config.prompt_lookup_max)
         lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
-        return tuple(self._propose(lookup, limit))
+        drafts = tuple(self._propose(lookup, limit))
+        if drafts and request.grammar is not None:
+            drafts = request.grammar.draftable(drafts, left + 1)
+        return drafts
 
     def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
         return lookup.propose(limit)[1]

@@ -200,17 +200,12 @@ def test_apply_masks_equals_a_per_token_loop():
 
 
 def test_eos_fix_swaps_the_grammar_eos_for_the_request_eos():
-    class Accepting:
-        eos_fix = ((2,), (33, 63))
-
-        @staticmethod
-        def eos_allowed():
-            return True
-
     words = torch.tensor([0b100, 0], dtype=torch.int32)
-    _fix_eos(words, Accepting())
+    _fix_eos(words, ((2,), (33, 63)), eos_allowed=True)
     allowed = [t for t in range(64) if (int(words[t // 32]) >> (t % 32)) & 1]
     assert allowed == [33, 63]
+    _fix_eos(words, ((2,), (33, 63)), eos_allowed=False)
+    assert [t for t in range(64) if (int(words[t // 32]) >> (t % 32)) & 1] == [33, 63]
 
 
 def test_regex_outputs_match(model):
@@ -219,3 +214,31 @@ def test_regex_outputs_match(model):
     for output in generate(model, prompts, max_new_tokens=40, grammar=GrammarSpec("regex", pattern)):
         text = model.tokenizer.decode(output.generated_tokens, skip_special_tokens=True)
         assert re.fullmatch(pattern, text) and output.finish_reason == "stop", text
+
+
+def test_speculation_under_a_grammar_keeps_the_plain_tokens(model):
+    """Suffix decoding proposes the first round's answers in the second: only drafts
+    the grammar accepts are fed, each verify row is masked as plain decoding masks
+    it, and the tokens (greedy) are those of plain decoding, outputs valid."""
+    prompts = [chat(model, q) for q in QUESTIONS[:4]]
+    spec = GrammarSpec("json_schema", PERSON)
+    config = GenerationConfig(max_new_tokens=120)
+    plain = [o.generated_tokens for o in generate(model, prompts, 120, grammar=spec)]
+    manager = model.init_continuous_batching(config, ContinuousBatchingConfig(
+        speculative_config={"method": "suffix", "num_speculative_tokens": 6}))
+    manager.start()
+    try:
+        compiled = manager.compile_grammar(spec)
+        for _ in range(2):
+            ids = [manager.add_request(p, grammar=compiled) for p in prompts]
+            outputs = {}
+            while len(outputs) < len(ids):
+                output = manager.get_result(timeout=120)
+                outputs[output.request_id] = output
+            assert [outputs[i].generated_tokens for i in ids] == plain
+        stats = manager.stats()
+    finally:
+        manager.stop()
+    assert all(valid_person(model.tokenizer.decode(t)) for t in plain)
+    assert stats["spec_num_accepted_tokens"] > 20, stats
+
