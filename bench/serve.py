@@ -15,7 +15,9 @@ JSON schema file) constrains every request; such answers end when their JSON val
 closes, so compare token rates (ITL) rather than request counts.
 
 `--workload grounded` asks the model to repeat a given piece of code (an answer made of
-its input, as code edits and quotes are) instead of continuing a word list.
+its input, as code edits and quotes are) instead of continuing a word list;
+`--workload toolloop` runs an agent's tool loop (a call, then the answer to its
+result; bench/tool_loop.py), the same loop each time, a loop per "request".
 `--speculative off,on` runs every level twice against a server started with
 `--speculative-config`, without drafts (`"speculative": false` in each body) and with
 them, side by side in one run:
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from .report import write_json
+from .tool_loop import one_loop
 
 WORDS = ("river stone garden window market teacher music bright quiet winter summer "
          "engine harbor letter signal forest planet silver morning story").split()
@@ -124,6 +127,11 @@ async def run_level(args, concurrency: int, prompts: list[str],
                 body["response_format"] = args.response_format
             if speculative is False:
                 body["speculative"] = False
+            if args.workload == "toolloop":
+                body = {key: body[key] for key in ("model", "max_tokens", "temperature")
+                        if key in body} | ({"speculative": False} if speculative is False else {})
+                async with semaphore:
+                    return await one_loop(http, url, body, RequestResult)
             if chat:
                 body["messages"] = [{"role": "user", "content": prompt}]
             else:
@@ -188,8 +196,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="chat: the prompt inside the model's chat template; "
                              "completions: the raw prompt (TTFT without the template's tokens)")
     parser.add_argument("--label", default="server", help="name of the system in the report")
-    parser.add_argument("--workload", choices=("words", "grounded"), default="words",
-                        help="continue a word list, or repeat a given piece of code")
+    parser.add_argument("--workload", choices=("words", "grounded", "toolloop"),
+                        default="words",
+                        help="continue a word list, repeat a given piece of code, or run "
+                             "a tool loop (chat only)")
     parser.add_argument("--speculative", default=None, type=speculative_modes,
                         help="off,on: each level without and with speculative drafts")
     parser.add_argument("--response-format", default=None, type=response_format,

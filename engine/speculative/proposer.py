@@ -15,7 +15,8 @@ Two proposers, one per method (`make_proposer`):
 - SuffixProposer ("suffix"): the same per request, plus a SuffixCache of the outputs
   of recent requests, which every request ending adds its output to. Of the two
   proposals the one matching the longer ending wins (then the longer one, then the
-  request's own).
+  request's own): an earlier answer that agrees with the request's last tens of
+  tokens beats a 4-gram of its own.
 
 Worked example, 4 drafts allowed, the request 3 tokens short of max_new_tokens: at
 most 2 drafts are proposed (the verify step adds one token of its own), and the
@@ -97,8 +98,7 @@ class SuffixProposer(NgramProposer):
 
     def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
         own_n, own = lookup.propose(limit)
-        tail = lookup.tokens[len(lookup.tokens) - self.config.prompt_lookup_max:]
-        shared_n, shared = self.cache.propose(tail, limit)
+        shared_n, shared = self.cache.propose(lookup.tokens, limit)
         return shared if (shared_n, len(shared)) > (own_n, len(own)) else own
 
     def forget(self, request: RequestState) -> None:

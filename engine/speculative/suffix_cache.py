@@ -8,15 +8,17 @@ answer it has not written yet; the answers of earlier requests can.
 
 The index maps every n-gram of a cached output (n from `min_n` to `max_n`) to its
 latest `OCCURRENCES` places with a token after them. Proposing from an ending:
-the longest n-gram of the ending that occurs is taken, and its occurrences are
-walked forward together, as a suffix tree's branches would be: at each depth the
-token most of the surviving occurrences continue with is proposed and the others
-drop out. The walk stops where that token's estimated probability (the product of
+the longest n-gram of the ending that occurs is taken; of its occurrences, those
+whose earlier tokens agree with the ending furthest back (up to MAX_MATCH tokens)
+are kept, as the deepest node of a suffix tree would keep them, and walked forward
+together: at each depth the token most of the surviving occurrences continue with
+is proposed and the others drop out. The walk stops where that token's estimated probability (the product of
 its shares so far) falls below `min_token_prob`, or no occurrence goes further.
 Worked example (n = 2, min_token_prob 0.3):
 
     cached outputs  [7, 3, 4, 5, 6]   [7, 3, 4, 5, 9]   [1, 7, 3, 8]
-    ending ... 7, 3 -> occurrences of (7, 3): three, continuing 4, 4, 8
+    ending 0, 7, 3 -> occurrences of (7, 3): three, continuing 4, 4, 8; none
+                      has 0 before it, so all three agree 2 tokens back
     depth 0: 4 (2 of 3, p 0.67)   depth 1: 5 (2 of 2, p 0.67)
     depth 2: 6 or 9 (1 of 2 each, p 0.33; the later output wins a tie) -> [4, 5, 9]
 
@@ -32,6 +34,8 @@ from typing import Sequence
 
 OCCURRENCES = 8
 """Places kept per n-gram, the latest: what the walk's shares are estimated from."""
+MAX_MATCH = 64
+"""How far back an occurrence's agreement with the ending is measured."""
 
 
 class SuffixCache:
@@ -84,21 +88,29 @@ class SuffixCache:
                 self.places[key] = deque(kept, maxlen=OCCURRENCES)
 
     def propose(self, ending: Sequence[int], k: int) -> tuple[int, list[int]]:
-        """(n, up to k tokens) continuing the longest n-gram of `ending` the cache
-        holds, n from max_n down to min_n; (0, []) when none goes on."""
+        """(match, up to k tokens) continuing the longest n-gram of `ending` (its
+        last MAX_MATCH tokens are read) the cache holds, n from max_n down to min_n;
+        match: how many of the ending's last tokens the kept occurrences agree with.
+        (0, []) when none goes on."""
         if k <= 0:
             return 0, []
+        ending = list(ending[len(ending) - MAX_MATCH:])
         for n in range(min(self.max_n, len(ending)), self.min_n - 1, -1):
             places = self.places.get(tuple(ending[len(ending) - n:]))
-            if places:
-                tokens = self._walk(places, k)
-                if tokens:
-                    return n, tokens
+            if not places:
+                continue
+            found = [(self.outputs[output_id], at) for output_id, at in reversed(places)]
+            agreements = [_agreement(tokens, at, ending, n) for tokens, at in found]
+            match = max(agreements)
+            tokens = self._walk([place for place, agreement in zip(found, agreements)
+                                 if agreement == match], k)
+            if tokens:
+                return match, tokens
         return 0, []
 
-    def _walk(self, places: deque[tuple[int, int]], k: int) -> list[int]:
-        """The most shared continuation of `places`, latest first on a tie."""
-        alive = [(self.outputs[output_id], at) for output_id, at in reversed(places)]
+    def _walk(self, alive: list[tuple[tuple[int, ...], int]], k: int) -> list[int]:
+        """The most shared continuation of the places `alive` (latest first, which
+        wins a tie)."""
         proposed: list[int] = []
         probability = 1.0
         while len(proposed) < k and alive:
@@ -115,3 +127,14 @@ class SuffixCache:
             alive = [(tokens, at) for tokens, at in alive
                      if at + depth < len(tokens) and tokens[at + depth] == token]
         return proposed
+
+
+def _agreement(tokens: tuple[int, ...], at: int, ending: list[int], n: int) -> int:
+    """How many tokens before `at` in `tokens` equal the ending's last ones (at
+    least the n of the n-gram found there)."""
+    length = n
+    while (length < len(ending) and length < at
+           and tokens[at - 1 - length] == ending[len(ending) - 1 - length]):
+        length += 1
+    return length
+

@@ -78,6 +78,17 @@ def test_the_suffix_cache_prefers_longer_endings_and_evicts_the_oldest():
     assert (1, 2) not in cache.places and (1,) not in cache.places
 
 
+def test_the_suffix_cache_follows_the_occurrence_agreeing_furthest_back():
+    """A 2-gram index, yet the earlier context picks the place: an answer repeated
+    word for word is followed where it is, not where a phrase of it recurs."""
+    cache = SuffixCache(2, 2, max_requests=10, min_token_prob=0.1)
+    cache.add([1, 2, 3, 4, 8, 9, 3, 4, 5, 6])      # (3, 4) twice, going on 8 and 5
+    cache.add([7, 7, 3, 4, 0, 0])                  # and later, going on 0
+    assert cache.propose([1, 2, 3, 4], 3) == (4, [8, 9, 3])
+    assert cache.propose([8, 9, 3, 4], 3) == (4, [5, 6])
+    assert cache.propose([5, 5, 3, 4], 3) == (2, [0, 0])      # no context: the latest wins
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_suffix_cache_agrees_with_a_search_over_its_outputs(seed):
     """With one occurrence per n-gram in view, the walk is the latest continuation."""
