@@ -67,7 +67,7 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
         sliding_allocator=BlockAllocator(sizing.num_sliding_blocks) if pooled else None,
         sliding_window=spec.sliding_window,
-        proposer=_proposer(config, spec, distributed, batching))
+        proposer=_proposer(model, config, spec, sizing, distributed, batching))
     compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
                                 decode_plan.tables is not None, distributed)
     runner = ModelRunner(
@@ -91,8 +91,8 @@ def _size_cache(model, spec: EngineModelSpec, config: ContinuousBatchingConfig,
         sliding_window=spec.sliding_window if pooled else None, max_context=spec.max_context)
 
 
-def _proposer(config: ContinuousBatchingConfig, spec: EngineModelSpec, distributed: bool,
-              batching: bool) -> NgramProposer | None:
+def _proposer(model, config: ContinuousBatchingConfig, spec: EngineModelSpec,
+              sizing: CacheSizing, distributed: bool, batching: bool) -> NgramProposer | None:
     """The drafts' source when speculative decoding is on and can serve; each refusal
     logged with its reason."""
     speculative = config.speculative_config
@@ -106,6 +106,9 @@ def _proposer(config: ContinuousBatchingConfig, spec: EngineModelSpec, distribut
         return None
     logger.info("speculative decoding: %s, up to %d drafts a step", speculative.method,
                 speculative.num_speculative_tokens)
+    if speculative.method == "draft_model":
+        from .speculative.draft_model import load_draft_proposer
+        return load_draft_proposer(speculative, model, sizing)
     return make_proposer(speculative)
 
 

@@ -8,7 +8,9 @@
 (suffix_cache.py): `suffix_decoding_max_cached_requests` of them are kept (the
 oldest evicted), and a shared continuation is proposed while its estimated
 probability stays at `suffix_decoding_min_token_prob` or more (both unread by
-"ngram"). `prompt_lookup_min`/`_max` bound the n-grams both match. `num_speculative_tokens` caps the
+"ngram"); or "draft_model", a small model with the target's vocabulary (`model`:
+any spec load_model takes) proposing greedily (draft_model.py).
+`prompt_lookup_min`/`_max` bound the n-grams "ngram" and "suffix" match. `num_speculative_tokens` caps the
 drafts per step. `disable_by_batch_size`: at this many running requests or more, steps decode
 plainly (a large batch is compute-bound, and verifying drafts there costs more than
 it saves). Validated once; errors name the field.
@@ -20,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
     suffix_decoding_max_cached_requests: int = 1000
     suffix_decoding_min_token_prob: float = 0.1
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -48,6 +51,12 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min})"
                              f" must not exceed prompt_lookup_max ({self.prompt_lookup_max})")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config.model: required for method draft_model "
+                             "(the draft's path, GGUF or name), and only for it")
+        if self.model is not None and not (isinstance(self.model, str) and self.model):
+            raise ValueError(f"speculative_config.model must be a non-empty string, got "
+                             f"{self.model!r}")
         prob = self.suffix_decoding_min_token_prob
         if (not isinstance(prob, (int, float)) or isinstance(prob, bool)
                 or not 0.0 <= prob <= 1.0):

@@ -64,18 +64,22 @@ class NgramProposer:
         if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
                                                        and batch_size >= config.disable_by_batch_size)):
             return ()
-        lookup = self.lookups.get(request.request_id)
-        if lookup is None:
-            lookup = self.lookups[request.request_id] = PromptLookup(
-                config.prompt_lookup_min, config.prompt_lookup_max)
-        lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
-        drafts = tuple(self._propose(lookup, limit))
+        drafts = tuple(self._propose(request, limit))
         if drafts and request.grammar is not None:
             drafts = request.grammar.draftable(drafts, left + 1)
         return drafts
 
-    def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
-        return lookup.propose(limit)[1]
+    def _propose(self, request: RequestState, limit: int) -> list[int]:
+        return self._lookup(request).propose(limit)[1]
+
+    def _lookup(self, request: RequestState) -> PromptLookup:
+        """The request's n-gram index, fed the tokens it gained since the last step."""
+        lookup = self.lookups.get(request.request_id)
+        if lookup is None:
+            lookup = self.lookups[request.request_id] = PromptLookup(
+                self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+        lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
+        return lookup
 
     def verified(self, request_id: str, proposed: int, accepted: int) -> None:
         """The outcome of a verify step: the next one proposes accepted + 1 drafts,
@@ -96,7 +100,8 @@ class SuffixProposer(NgramProposer):
                                  config.suffix_decoding_max_cached_requests,
                                  config.suffix_decoding_min_token_prob)
 
-    def _propose(self, lookup: PromptLookup, limit: int) -> list[int]:
+    def _propose(self, request: RequestState, limit: int) -> list[int]:
+        lookup = self._lookup(request)
         own_n, own = lookup.propose(limit)
         shared_n, shared = self.cache.propose(lookup.tokens, limit)
         return shared if (shared_n, len(shared)) > (own_n, len(own)) else own
@@ -109,4 +114,5 @@ class SuffixProposer(NgramProposer):
 
 
 def make_proposer(config: SpeculativeConfig) -> NgramProposer:
+    """The proposer of a model-free method ("draft_model": draft_model.py)."""
     return SuffixProposer(config) if config.method == "suffix" else NgramProposer(config)

@@ -95,6 +95,57 @@ def test_suffix_proposes_earlier_answers_and_keeps_greedy_tokens(tiny_llama):
     assert accepted >= 0.8 * drafted and accepted >= 2 * counts["ngram"][0], counts
 
 
+def test_a_draft_model_keeps_the_greedy_tokens(tiny_models):
+    """A draft model run by the engine's runner over its own paged cache: the target
+    drafting for itself keeps nearly every draft (only batch-shape rounding may
+    differ); a random draft of another family keeps few; the tokens are plain
+    decoding's either way, and every draft page is given back."""
+    from engine import GenerationConfig, load_model
+
+    target_path = tiny_models["llama"][0]
+    model = load_model(target_path, progress=False)
+    prompts = looping_prompts(3, seed=5) + random_prompts(3, 5, 30, seed=6)
+    config = GenerationConfig(max_new_tokens=20, eos_token_id=[])
+    plain = [o.generated_tokens for o in model.generate_batch(
+        prompts, config, ContinuousBatchingConfig(max_batch_tokens=32)).values()]
+    rates = {}
+    for name, draft in (("self", target_path), ("qwen3", tiny_models["qwen3"][0])):
+        manager = model.init_continuous_batching(config, ContinuousBatchingConfig(
+            max_batch_tokens=32, speculative_config={
+                "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}))
+        manager.start()
+        try:
+            ids = [manager.add_request(p, max_new_tokens=20) for p in prompts]
+            results = {}
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=60)
+                results[result.request_id] = result
+            manager.check_invariants()
+            proposer = manager.loop.scheduler.proposer
+            assert not proposer.shadows
+            assert proposer.allocator.num_free_blocks == proposer.allocator.num_blocks
+        finally:
+            manager.stop()
+        assert [results[i].generated_tokens for i in ids] == plain, name
+        drafted = sum(r.num_draft_tokens for r in results.values())
+        rates[name] = sum(r.num_accepted_tokens for r in results.values()) / drafted
+    assert rates["self"] >= 0.9 and rates["qwen3"] < rates["self"], rates
+
+
+def test_a_draft_model_must_share_the_vocabulary(tiny_llama, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine import GenerationConfig
+
+    model, _ = tiny_llama
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=48,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="does not share the served model's vocabulary"):
+        model.init_continuous_batching(GenerationConfig(), ContinuousBatchingConfig(
+            speculative_config={"method": "draft_model", "model": str(tmp_path)}))
+
+
 def test_max_tokens_and_eos_stop_where_they_would(tiny_llama):
     model, _ = tiny_llama
     prompts = looping_prompts(4, seed=12)

@@ -170,7 +170,10 @@ def test_a_certain_draft_is_always_kept():
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"method": "eagle"}', "method must be one of ngram, suffix, got 'eagle'"),
+    ('{"method": "eagle"}', "method must be one of ngram, suffix, draft_model, got 'eagle'"),
+    ('{"method": "draft_model"}', "model: required for method draft_model"),
+    ('{"method": "ngram", "model": "x.gguf"}', "model: required for method draft_model"),
+    ('{"method": "draft_model", "model": 3}', "model must be a non-empty string"),
     ('{"method": "suffix", "suffix_decoding_min_token_prob": 1.5}',
      "suffix_decoding_min_token_prob must be a number in [0, 1], got 1.5"),
     ('{"method": "suffix", "suffix_decoding_max_cached_requests": -1}',

@@ -1,0 +1,135 @@
+"""Draft-model speculation ("draft_model"): a small model with the target's vocabulary
+proposes each request's next tokens greedily, run by the engine's own ModelRunner
+over a paged KV cache of its own.
+
+Per request the draft keeps a shadow RequestState: its tokens are the target
+request's (prompt and accepted output) followed by the drafts it proposed last, and
+its num_computed_tokens counts the leading positions whose K/V in the draft's cache
+belong to those tokens. Each call (one per decoding request and step, on the engine
+thread, from the scheduler):
+
+1. sync: the shadow takes the request's tokens; the positions still valid are those
+   both sequences share (accepted drafts stay valid, rejected ones do not);
+2. catch up: one step feeds the positions past them (a few tokens after a verify
+   step, the whole prompt the first time) and picks the first draft;
+3. extend: limit - 1 more one-token steps, each feeding the previous draft.
+
+Worked example, limit 3: the target holds [a b c], the draft proposed [d e f] last
+time and the target kept d, then picked x. The shadow held K/V of a b c d e; the
+request now reads [a b c d x], so a b c d stay valid, one step feeds x (position 4)
+and picks y, then y and z are fed one at a time: drafts [y z w].
+
+Greedy picks are a point mass, so sampled requests keep their distribution through
+the verify step's rejection sampling as with any deterministic proposer. A request
+runs its own draft steps (a batch of one): at concurrency 1, where drafts pay, that
+is the whole batch. Its cache holds as many tokens as the target's, at most a
+quarter of the target cache's bytes; a request whose pages cannot be had gets no
+drafts that step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..generation_config import SamplingParams
+from ..kv_cache.allocator import BlockAllocator
+from ..kv_cache.sizing import CacheSizing
+from ..requests import RequestState
+from ..runner import ModelRunner
+from ..scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+from .config import SpeculativeConfig
+from .proposer import NgramProposer
+
+logger = logging.getLogger(__name__)
+
+CACHE_SHARE = 0.25
+"""The draft cache's bytes, at most, as a share of the target cache's."""
+
+
+class DraftModelProposer(NgramProposer):
+    def __init__(self, config: SpeculativeConfig, draft, target_sizing: CacheSizing) -> None:
+        super().__init__(config)
+        self.draft = draft
+        spec = draft.module.engine_spec()
+        per_block = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
+                     * target_sizing.page_size * spec.kv_dtype(draft.device, draft.dtype).itemsize)
+        budget = CACHE_SHARE * target_sizing.num_blocks * target_sizing.block_bytes
+        num_blocks = max(1, min(target_sizing.num_blocks, int(budget // per_block)))
+        sizing = CacheSizing(num_blocks, target_sizing.page_size, target_sizing.max_batch_tokens,
+                             target_sizing.max_requests_per_batch, per_block)
+        self.runner = ModelRunner(draft.module, sizing, seed=0)
+        self.allocator = BlockAllocator(num_blocks)
+        self.page_size = sizing.page_size
+        self.shadows: dict[str, RequestState] = {}
+        logger.info("draft model: %d cache blocks of %d tokens", num_blocks, self.page_size)
+
+    def _propose(self, request: RequestState, limit: int) -> list[int]:
+        shadow = self._sync(request)
+        if not self._pages_for(shadow, request.num_tokens + limit):
+            return []
+        drafts: list[int] = []
+        start, end = shadow.num_computed_tokens, request.num_tokens
+        if start == end:            # nothing new: the last token again, for its logits
+            start -= 1
+        while len(drafts) < limit:
+            batch = ScheduledBatch([ScheduledRequest(shadow, start, end - start, True)], [])
+            _, result = self.runner.step(batch)
+            token = result.token_ids[0]
+            drafts.append(token)
+            shadow.generated_tokens.append(token)
+            shadow.num_computed_tokens = end
+            start, end = end, end + 1
+        return drafts
+
+    def _sync(self, request: RequestState) -> RequestState:
+        """The request's shadow holding its tokens, valid positions counted."""
+        tokens = request.all_tokens()
+        shadow = self.shadows.get(request.request_id)
+        if shadow is None:
+            shadow = self.shadows[request.request_id] = RequestState(
+                f"draft-{request.request_id}", list(tokens), request.max_new_tokens, (),
+                SamplingParams())
+            return shadow
+        old = shadow.all_tokens()
+        valid = 0
+        limit = min(shadow.num_computed_tokens, len(tokens))
+        while valid < limit and old[valid] == tokens[valid]:
+            valid += 1
+        shadow.prompt_ids, shadow.generated_tokens = list(tokens), []
+        shadow.num_computed_tokens = valid
+        return shadow
+
+    def _pages_for(self, shadow: RequestState, num_tokens: int) -> bool:
+        """Pages for `num_tokens` positions of the shadow (False: none to be had)."""
+        missing = blocks_needed(num_tokens, self.page_size) - len(shadow.block_ids)
+        if missing <= 0:
+            return True
+        if not self.allocator.can_allocate(missing):
+            return False
+        shadow.block_ids.extend(self.allocator.allocate(missing))
+        return True
+
+    def forget(self, request: RequestState) -> None:
+        shadow = self.shadows.pop(request.request_id, None)
+        if shadow is not None and shadow.block_ids:
+            self.allocator.free(shadow.block_ids)
+        super().forget(request)
+
+
+def load_draft_proposer(config: SpeculativeConfig, target, target_sizing: CacheSizing
+                        ) -> DraftModelProposer:
+    """Load `config.model` beside `target` (same device, its dtype's mode) and check
+    it proposes in the target's vocabulary; ValueError naming the setting if not."""
+    from ..model_api import load_model
+
+    draft = load_model(config.model, device=target.device, progress=False)
+    if draft.module.engine_spec().pooled_sliding:
+        raise ValueError(f"speculative_config.model: {config.model} has sliding-window "
+                         f"layers, which draft models do not support yet")
+    same = (int(draft.config.vocab_size) == int(target.config.vocab_size)
+            if draft.tokenizer is None or target.tokenizer is None
+            else draft.tokenizer.get_vocab() == target.tokenizer.get_vocab())
+    if not same:
+        raise ValueError(f"speculative_config.model: {config.model} does not share the "
+                         f"served model's vocabulary (its tokens would mean other text)")
+    return DraftModelProposer(config, draft, target_sizing)
