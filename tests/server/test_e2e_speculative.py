@@ -86,6 +86,26 @@ def test_streams_the_same_text(speculative_server):
     assert "".join(pieces) == plain
 
 
+def test_each_of_n_choices_is_the_plain_answer(speculative_server):
+    plain = _chat(speculative_server, speculative=False)["choices"][0]["message"]["content"]
+    choices = _chat(speculative_server, n=2)["choices"]
+    assert [c["message"]["content"] for c in choices] == [plain, plain]
+
+
+def test_tool_calls_are_the_same_with_drafts(speculative_server):
+    """The call's arguments are constrained by a grammar: drafts are cut to what it
+    accepts and each verify row is masked (engine/grammar_masks.py)."""
+    from bench.tool_loop import QUESTION, TOOLS
+
+    answers = [_chat(speculative_server, messages=[{"role": "user", "content": QUESTION}],
+                     tools=TOOLS, tool_choice="required", max_tokens=120, **extra)
+               for extra in ({"speculative": False}, {})]
+    calls = [[call["function"] for call in a["choices"][0]["message"]["tool_calls"]]
+             for a in answers]
+    assert calls[0] == calls[1] and calls[0][0]["name"] == "get_weather"
+    assert answers[0]["usage"] == answers[1]["usage"]
+
+
 def test_models_name_the_method(speculative_server):
     card = httpx.get(f"{speculative_server.base_url}/v1/models", timeout=30,
                      headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"][0]
@@ -117,3 +137,9 @@ def test_bench_serve_runs_each_level_without_and_with_drafts(speculative_server)
     assert report["workload"]["kind"] == "grounded"
     assert _counters(speculative_server)["vllm:spec_decode_num_drafts_total"] > \
         before["vllm:spec_decode_num_drafts_total"]
+    loops = main(["--base-url", speculative_server.base_url, "--api-key", API_KEY,
+                  "--workload", "toolloop", "--speculative", "off,on", "--concurrency", "1",
+                  "--num-requests", "2", "--output-len", "96"])
+    assert all(level["errors"] == 0 and level["output_tokens"] > 2 * 10
+               for level in loops["levels"])
+    assert loops["levels"][0]["output_tokens"] == loops["levels"][1]["output_tokens"]
