@@ -14,8 +14,9 @@ their output tokens are counted as received). `--response-format json_object` (o
 JSON schema file) constrains every request; such answers end when their JSON value
 closes, so compare token rates (ITL) rather than request counts.
 
-`--workload grounded` asks the model to repeat a given piece of code (an answer made of
-its input, as code edits and quotes are) instead of continuing a word list;
+`--workload grounded` asks the model to repeat a given piece of code or add a
+docstring to it (an answer made of its input, as code edits and quotes are) instead
+of continuing a word list;
 `--workload toolloop` runs an agent's tool loop (a call, then the answer to its
 result; bench/tool_loop.py), the same loop each time, a loop per "request".
 `--speculative off,on` runs every level twice against a server started with
@@ -71,12 +72,16 @@ SNIPPETS = (
     "def fibonacci(n):\n    a, b = 0, 1\n    numbers = []\n    for _ in range(n):\n"
     "        numbers.append(a)\n        a, b = b, a + b\n    return numbers\n",
 )
-"""Code the grounded workload asks to have repeated (written for this benchmark)."""
+"""Code the grounded workload hands the model (written for this benchmark)."""
+GROUNDED_TASKS = ("Repeat this code exactly:",
+                  "Add a docstring to this function and return the whole code:")
+"""What it asks of the code, pasted in a fenced block as users paste it: to quote it,
+or to edit it (an answer that is mostly its input)."""
 
 
 def make_prompt(rng: random.Random, input_len: int, workload: str = "words") -> str:
     if workload == "grounded":
-        return "Repeat this code exactly:\n\n" + rng.choice(SNIPPETS)
+        return rng.choice(GROUNDED_TASKS) + "\n\n```python\n" + rng.choice(SNIPPETS) + "```"
     # about one token per word for these common words, plus the chat template
     return "Continue this list: " + " ".join(rng.choice(WORDS) for _ in range(input_len))
 
