@@ -1,9 +1,12 @@
 """Turn a ScheduledBatch into the flat tensors of one forward pass.
 
 Everything is computed once per step on the host in Python lists, then moved to the
-device in a few tensor constructions; layers only index into these tensors. Models
-with sliding-window layers get a second AttentionMetadata (`meta.sliding`) built over
-the requests' sliding-group blocks, with the window applied.
+device in a few tensor constructions; layers only index into these tensors. Each
+attention group's metadata is of the type its step is read by
+(attention/metadata.py): FixedTableMetadata for a decode-only step the decode fast
+path takes, FlashMetadata where the backend pages through block tables, else
+TorchMetadata. Models with sliding-window layers get a second one (`meta.sliding`)
+built over the requests' sliding-group blocks, with the window applied.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Callable
 
 import torch
 
-from .attention.metadata import AttentionMetadata, PrefillSlice
+from .attention.metadata import (AttentionMetadata, FixedTableMetadata, FlashMetadata,
+                                 PrefillSlice, TorchMetadata)
 from .decode_tables import DecodeTables
 from .requests import RequestState
 from .scheduler import ScheduledBatch
@@ -54,8 +58,8 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     """`full_layers=False` (every layer slides, as in Mistral) skips the full-attention
     group's metadata, which no layer would read. `step_queries`: the attention backend
     has the native kernel, which can take short prefill chunks as per-row queries
-    (AttentionMetadata.step_kv_slots). `paged_tables`: the backend reads block tables
-    (AttentionMetadata.block_table) and none of the torch backend's slots and masks.
+    (TorchMetadata.step_kv_slots). `paged_tables`: the backend reads block tables
+    (FlashMetadata) and none of the torch backend's slots and masks.
     `decode_tables`: the decode fast path is on; decode-only steps it accepts get
     fixed-width tables (decode_tables.py), whatever the backend."""
     input_ids: list[int] = []
@@ -82,12 +86,11 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
 
     def group(window: int | None, blocks_of, queries: bool) -> AttentionMetadata:
         width = _fast_path_width(batch, blocks_of, decode_tables, page_size)
-        torch_meta = not paged_tables and width is None    # slots and masks wanted
-        meta = build_group_meta(batch, page_size, device, window, blocks_of,
-                                queries and torch_meta, torch_meta)
-        if paged_tables or width is not None:
-            meta = with_block_table(meta, batch, blocks_of, width, device)
-        return meta
+        if width is not None:
+            return fixed_table_meta(batch, page_size, device, window, blocks_of, width)
+        if paged_tables:
+            return flash_meta(batch, page_size, device, window, blocks_of)
+        return build_group_meta(batch, page_size, device, window, blocks_of, queries)
 
     meta = None
     if full_layers or sliding_window is None:
@@ -105,24 +108,33 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     )
 
 
+def _core(batch: ScheduledBatch, page_size: int, device: torch.device,
+          window: int | None, blocks_of: Callable[[RequestState], list[int]]) -> dict:
+    """The fields every metadata type has (AttentionMetadata), as keywords."""
+    slot_mapping: list[int] = []
+    for entry in batch.entries:
+        slot_mapping.extend(_slots(blocks_of(entry.request), page_size, entry.start, entry.end))
+    cu_seqlens_q = list(itertools.accumulate((e.num_tokens for e in batch.entries), initial=0))
+    return dict(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+                cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
+                seq_lens_k=torch.tensor([e.end for e in batch.entries], dtype=torch.int32,
+                                        device=device),
+                page_size=page_size, window=window)
+
+
 def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device,
                      window: int | None, blocks_of: Callable[[RequestState], list[int]],
-                     step_queries: bool = False, torch_meta: bool = True) -> AttentionMetadata:
-    """Metadata of one attention group: the layers sharing a block table and a window
-    (a key at position k is visible to a query at q when q - window < k <= q).
-    `torch_meta=False` skips what only the torch backend's gathers read (decode
-    slots, prefill slots and masks): block-table steps never build them."""
-    slot_mapping: list[int] = []
-    cu_seqlens_q = [0]
+                     step_queries: bool = False) -> TorchMetadata:
+    """The torch backend's metadata of one attention group: the layers sharing a
+    block table and a window (a key at position k is visible to a query at q when
+    q - window < k <= q)."""
     decode_rows: list[int] = []
     decode_tables: list[list[int | None]] = []
     decode_spans: list[tuple[int, int]] = []
     prefills: list[PrefillSlice] = []
+    row = 0
     for entry in batch.entries:
         block_ids, start, end = blocks_of(entry.request), entry.start, entry.end
-        row = cu_seqlens_q[-1]
-        slot_mapping.extend(_slots(block_ids, page_size, start, end))
-        cu_seqlens_q.append(row + entry.num_tokens)
         first_key = 0 if window is None else max(0, end - window)
         if entry.num_tokens == 1:
             decode_rows.append(row)
@@ -139,18 +151,10 @@ def build_group_meta(batch: ScheduledBatch, page_size: int, device: torch.device
                 decode_spans.append((0 if window is None else max(0, position_end - window),
                                      position_end))
         else:
-            prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device)
-                            if torch_meta else PrefillSlice(row, row + entry.num_tokens, start,
-                                                            None, None))
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-        cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
-        seq_lens_k=torch.tensor([e.end for e in batch.entries], dtype=torch.int32, device=device),
-        decode_rows=None, decode_kv_slots=None, decode_mask=None,
-        prefills=prefills, page_size=page_size,
-        block_tables=[blocks_of(e.request) for e in batch.entries], window=window,
-    )
-    if decode_rows and torch_meta:
+            prefills.append(_prefill_slice(block_ids, page_size, row, start, end, window, device))
+        row += entry.num_tokens
+    meta = TorchMetadata(**_core(batch, page_size, device, window, blocks_of), prefills=prefills)
+    if decode_rows:
         meta = _with_decodes(meta, decode_rows, decode_tables, decode_spans, page_size, device)
     if step_queries and prefills and _short_chunks(batch, window):
         meta = _with_step_queries(meta, batch, blocks_of, page_size, device, window)
@@ -166,24 +170,36 @@ def _fast_path_width(batch: ScheduledBatch, blocks_of, decode_tables: DecodeTabl
     return decode_tables.width_for(widest, len(batch.entries), page_size)
 
 
-def with_block_table(meta: AttentionMetadata, batch: ScheduledBatch,
-                     blocks_of: Callable[[RequestState], list[int | None]],
-                     fast_path_width: int | None, device: torch.device) -> AttentionMetadata:
-    """`meta` with the block table and key lengths of paging backends and of the
-    decode fast path. Rows are padded with block 0 to the widest request, or to
-    `fast_path_width` on a decode fast-path step (a fixed shape, as
-    flash_attn_with_kvcache and CUDA graphs want)."""
+def _block_table(batch: ScheduledBatch, blocks_of: Callable[[RequestState], list[int | None]],
+                 width: int | None, device: torch.device) -> torch.Tensor:
+    """[R, W] int32: each request's blocks, padded with block 0 to `width` (None: the
+    widest request's); released sliding blocks (None) are 0 too."""
     tables = [[b if b is not None else 0 for b in blocks_of(e.request)] for e in batch.entries]
-    width = fast_path_width or max(len(table) for table in tables)
+    width = width or max(len(table) for table in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                        device=device)
+
+
+def fixed_table_meta(batch: ScheduledBatch, page_size: int, device: torch.device,
+                     window: int | None, blocks_of: Callable[[RequestState], list[int | None]],
+                     width: int) -> FixedTableMetadata:
+    """A decode fast-path step: tables of the fixed `width` (the shape
+    flash_attn_with_kvcache and CUDA graphs want)."""
+    return FixedTableMetadata(**_core(batch, page_size, device, window, blocks_of),
+                              block_table=_block_table(batch, blocks_of, width, device))
+
+
+def flash_meta(batch: ScheduledBatch, page_size: int, device: torch.device,
+               window: int | None, blocks_of: Callable[[RequestState], list[int | None]]
+               ) -> FlashMetadata:
+    """A varlen step of a backend that pages through block tables."""
     lengths = [e.end for e in batch.entries]
-    cumulative = list(itertools.accumulate(lengths, initial=0))
-    return replace(
-        meta,
-        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables],
-                                 dtype=torch.int32, device=device),
-        cu_seqlens_k=torch.tensor(cumulative, dtype=torch.int32, device=device),
-        max_seqlen_q=max(e.num_tokens for e in batch.entries),
-        max_seqlen_k=max(lengths), decode_fast_path=fast_path_width is not None)
+    return FlashMetadata(
+        **_core(batch, page_size, device, window, blocks_of),
+        block_table=_block_table(batch, blocks_of, None, device),
+        cu_seqlens_k=torch.tensor(list(itertools.accumulate(lengths, initial=0)),
+                                  dtype=torch.int32, device=device),
+        max_seqlen_q=max(e.num_tokens for e in batch.entries), max_seqlen_k=max(lengths))
 
 
 def _pairs(entry, window: int | None) -> int:
@@ -201,11 +217,11 @@ def _short_chunks(batch: ScheduledBatch, window: int | None = None) -> bool:
     return sum(_pairs(e, window) for e in chunks) < STEP_QUERY_MAX_PAIRS * len(chunks)
 
 
-def _with_step_queries(meta: AttentionMetadata, batch: ScheduledBatch,
+def _with_step_queries(meta: TorchMetadata, batch: ScheduledBatch,
                        blocks_of: Callable[[RequestState], list[int]], page_size: int,
-                       device: torch.device, window: int | None = None) -> AttentionMetadata:
+                       device: torch.device, window: int | None = None) -> TorchMetadata:
     """Every row of the step as one query over its request's context (in a window,
-    the window's part, AttentionMetadata.step_starts): the native kernel then runs
+    the window's part, TorchMetadata.step_starts): the native kernel then runs
     decodes and prefill chunks in one call."""
     entries = batch.entries
     firsts = [0 if window is None else max(0, e.start - window + 1) for e in entries]
@@ -258,9 +274,9 @@ def _prefill_slice(block_ids: list[int], page_size: int, row: int, start: int, e
     return PrefillSlice(row, row + num_tokens, start, kv_slots, mask)
 
 
-def _with_decodes(meta: AttentionMetadata, rows: list[int], tables: list[list[int | None]],
+def _with_decodes(meta: TorchMetadata, rows: list[int], tables: list[list[int | None]],
                   spans: list[tuple[int, int]], page_size: int,
-                  device: torch.device) -> AttentionMetadata:
+                  device: torch.device) -> TorchMetadata:
     """Context slots of the decode requests: request d attends positions
     spans[d] = [first_key, end); rows are padded to the longest span with the
     request's own last position, which the mask hides."""

@@ -40,7 +40,7 @@ import logging
 
 import torch
 
-from .attention.metadata import AttentionMetadata
+from .attention.metadata import AttentionMetadata, FixedTableMetadata
 from .decode_tables import DecodeTables
 
 logger = logging.getLogger(__name__)
@@ -71,11 +71,13 @@ def graph_batch_sizes(max_requests: int, interval: int = 0) -> list[int]:
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, cache, max_requests: int, tables: DecodeTables,
                  scratch_block: int, interval: int = 0, capture: bool = True,
-                 layer_step=None) -> None:
+                 layer_step=None, backend=None) -> None:
         """`tables`: the decode fast path's width policy. `layer_step`: the decode
         path's compiled layer step (compile_paths.py), which the graphs then record, or
-        None."""
+        None. `backend`: the runner's attention backend, which the recorded forwards
+        call."""
         self.model, self.cache, self.capture = model, cache, capture
+        self.backend = backend
         self.layer_step = layer_step
         self.tables = tables
         self.sizes = graph_batch_sizes(min(max_requests, MAX_BUCKET), interval)
@@ -103,7 +105,7 @@ class DecodeGraphs:
     def fits(self, meta: AttentionMetadata, num_requests: int) -> bool:
         """Whether a step can replay a graph: decode fast path, no sliding group, at
         most the largest bucket, a width of the policy."""
-        return (not self.failed and meta.decode_fast_path and meta.sliding is None
+        return (not self.failed and isinstance(meta, FixedTableMetadata) and meta.sliding is None
                 and num_requests <= self.sizes[-1] and meta.block_table.shape[1] in self.widths)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -165,20 +167,18 @@ class DecodeGraphs:
         self.seq_lens[start:end] = 1
         self.block_table[start:end] = self.scratch_block
 
-    def _meta(self, size: int, width: int) -> AttentionMetadata:
+    def _meta(self, size: int, width: int) -> FixedTableMetadata:
         """A new object on every call, inside each recorded forward: what the layers
         derive from it (AttentionMetadata.derive) is then built in the graph too, and a
         recording never reuses tensors an earlier pass derived."""
-        return AttentionMetadata(
+        return FixedTableMetadata(
             slot_mapping=self.slot_mapping[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
-            seq_lens_k=self.seq_lens[:size], decode_rows=None, decode_kv_slots=None,
-            decode_mask=None, prefills=[], page_size=self.cache.page_size, block_tables=[],
-            block_table=self.block_table[:size, :width], max_seqlen_q=1,
-            decode_fast_path=True)
+            seq_lens_k=self.seq_lens[:size], page_size=self.cache.page_size,
+            block_table=self.block_table[:size, :width])
 
     def _forward(self, size: int, width: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.cache,
-                          self._meta(size, width), layer_step=self.layer_step)
+                          self._meta(size, width), self.backend, layer_step=self.layer_step)
 
     def _to_record(self, pair: tuple[int, int]) -> bool:
         return (self.capture and not self.failed and pair not in self.graphs

@@ -87,8 +87,10 @@ class EngineModelSpec:
 
 class EngineModule(Protocol):
     """The model interface the engine calls (an nn.Module): its decoder `layers` (one
-    KV cache layer each), the attention backend its layers call (attention/backend.py,
-    chosen per manager), its spec, the forward pass and the logits."""
+    KV cache layer each), the attention implementation chosen for it
+    (`attn_backend`: attention/backend.py's switch_to_cb_friendly_attn sets it; each
+    runner takes it at construction and passes it into every forward), its spec, the
+    forward pass and the logits."""
 
     layers: object
     attn_backend: object
@@ -97,8 +99,9 @@ class EngineModule(Protocol):
         ...
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta, layer_step=None) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+                meta, backend, layer_step=None) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden], attention by
+        `backend`."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,9 @@ class ModelRunner:
         which paths run compiled layer steps (compile_paths.py)."""
         parameter = next(model.parameters())
         self.model = model
+        self.backend = model.attn_backend
+        """The attention backend of every step: the model's choice when the runner was
+        made (switch_to_cb_friendly_attn), passed into each forward."""
         self.step_sync = step_sync
         """Under tensor parallelism: the driver sends each step's plan through it,
         a follower runs `follow()` instead of `step()`."""
@@ -91,7 +94,8 @@ class ModelRunner:
         self.decode_graphs = None if not (decode_graphs and decode_tables) else DecodeGraphs(
             model, self.cache, sizing.max_requests_per_batch, decode_tables,
             scratch_block=sizing.num_blocks, interval=graph_interval,
-            capture=decode_graphs == "capture", layer_step=self.decode_step)
+            capture=decode_graphs == "capture", layer_step=self.decode_step,
+            backend=self.backend)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their
@@ -203,7 +207,7 @@ class ModelRunner:
             return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         step = self.decode_step if inputs.meta.decode_fast_path else self.varlen_step
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta,
-                            layer_step=step)
+                            self.backend, layer_step=step)
         if step is not None and not step.failed:
             self.num_compiled_steps += 1
         return hidden
@@ -216,7 +220,7 @@ class ModelRunner:
     def _inputs(self, batch: ScheduledBatch, device: torch.device | None = None) -> StepInputs:
         if device is None:
             device = self.device if self.step_sync is None else torch.device("cpu")
-        paged_tables = self.model.attn_backend.needs_block_tables
+        paged_tables = self.backend.needs_block_tables
         return build_step_inputs(batch, self.page_size, device, self.sliding_window,
                                  _sliding_blocks if self.sliding_pool else None,
                                  self.has_full_layers, self.step_queries and not paged_tables,
@@ -226,7 +230,8 @@ class ModelRunner:
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
         inputs = self._inputs(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta,
+                            self.backend)
         return self.model.compute_logits(hidden)
 
 

@@ -5,10 +5,10 @@ index_copy_ per cache), then one kernel call reads every request's context throu
 its row of `meta.block_table`, the caches being in flash-attn's paged layout already
 ([num_blocks, page_size, KVH, D]):
 - decode-only steps whose tables have the fixed width max_blocks_per_request
-  (`meta.decode_fast_path`) call `flash_attn_with_kvcache`: one query per request
+  (FixedTableMetadata) call `flash_attn_with_kvcache`: one query per request
   over keys 0..seq_len-1. Its shapes depend only on the number of requests, which is
   what lets CUDA graphs replay it;
-- every other step calls `flash_attn_varlen_func` over the flat batch. Its causal
+- every other step (FlashMetadata) calls `flash_attn_varlen_func` over the flat batch. Its causal
   mask is aligned to each request's last key: query i of a chunk that starts at
   position s sees keys 0..s+i, so chunked prefill, prompts resumed after a prefix-cache
   hit and decodes share one call.
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, FixedTableMetadata, FlashMetadata
 
 PAGE_MULTIPLE = 256
 """flash-attn's paged kernels read pages of a multiple of this many tokens."""
@@ -94,7 +94,7 @@ def flash_unsupported_reason(device: torch.device, cache_dtype: torch.dtype,
 class FlashPagedAttention:
     name = "flash"
     needs_block_tables = True
-    """The engine builds AttentionMetadata.block_table and friends for this backend."""
+    """The engine builds FlashMetadata (block tables) for this backend's varlen steps."""
 
     @staticmethod
     def decode_fast_path_on(device: torch.device) -> bool:
@@ -111,11 +111,12 @@ class FlashPagedAttention:
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:
         """query [T, H, D], key/value [T, KVH, D]; caches [num_blocks, page_size, KVH, D]
-        -> [T, H, D]. Reads `meta.block_table` (built when the engine sees
-        `needs_block_tables`)."""
-        if meta.block_table is None:
-            raise RuntimeError("flash attention needs AttentionMetadata.block_table: the "
-                               "step was built for a backend without block tables")
+        -> [T, H, D]. Reads FlashMetadata (built when the engine sees
+        `needs_block_tables`) or, on the decode fast path, FixedTableMetadata."""
+        if not isinstance(meta, (FlashMetadata, FixedTableMetadata)):
+            raise TypeError(f"flash attention reads block tables (FlashMetadata or "
+                            f"FixedTableMetadata), got {type(meta).__name__}: the step was "
+                            f"built for a backend without them")
         if not cache_written:
             num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
             key_cache.view(-1, num_kv_heads, head_dim).index_copy_(
@@ -124,7 +125,7 @@ class FlashPagedAttention:
                 0, meta.slot_mapping, value.to(value_cache.dtype))
         window = (-1, -1) if meta.window is None else (meta.window - 1, 0)
         q = query.to(key_cache.dtype)
-        if meta.decode_fast_path:
+        if isinstance(meta, FixedTableMetadata):
             out = self.functions.with_kvcache(
                 q.unsqueeze(1), key_cache, value_cache, cache_seqlens=meta.seq_lens_k,
                 block_table=meta.block_table, softmax_scale=scale, causal=True,

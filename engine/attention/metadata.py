@@ -1,5 +1,20 @@
-"""AttentionMetadata: what every attention layer needs to know about one step's flat
-batch, built once per step (not per layer) by `engine.batch.build_step_inputs`.
+"""What every attention layer needs to know about one step's flat batch, built once per
+step (not per layer) by `engine.batch.build_step_inputs`: one type per way of reading
+the pages, each with only its own fields.
+
+    AttentionMetadata      the fields every backend reads (base of the three below)
+    TorchMetadata          the torch backend's varlen steps: the contexts' slots and
+                           masks, the prefill chunks, and the native CPU kernel's
+                           per-row queries (torch_backend.py, native_prefill.py, the
+                           whole-stack decode calls of models/fast_decode.py and
+                           packed_stack.py)
+    FlashMetadata          flash-attn's varlen steps over block tables (flash_backend.py)
+    FixedTableMetadata     decode-only steps over fixed-width block tables, the decode
+                           fast path of both backends and of CUDA graphs
+                           (fixed_table_decode.py, cuda_graphs.py)
+
+Which one a step gets is decided per step by its shape and the runner's backend
+(batch.py); a backend takes the types it serves and refuses the others by name.
 
 The batch is "varlen": the tokens of all scheduled requests are concatenated into one
 sequence of T tokens. Request r owns rows `cu_seqlens_q[r]:cu_seqlens_q[r+1]`.
@@ -13,7 +28,7 @@ goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -28,65 +43,26 @@ class PrefillSlice:
     kv_slots: torch.Tensor | None
     """[L] cache slots of the context positions (0..start+n-1, or the window's part of
     it); None when start == 0 and no window cuts the chunk (the fresh K/V of this
-    step are then the whole context), and on steps for block-table backends, which
-    never read it."""
+    step are then the whole context)."""
     mask: torch.Tensor | None
     """[n, L] bool, True = may attend (causal with an offset, and the window); None
     exactly when kv_slots is None."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor          # [T] long: cache slot of every token of the step
     cu_seqlens_q: torch.Tensor          # [R + 1] int32, cumulative query lengths
     seq_lens_k: torch.Tensor            # [R] int32, context length of each request after the step
-    decode_rows: torch.Tensor | None    # [D] long: rows of requests feeding exactly one token
-    decode_kv_slots: torch.Tensor | None
-    """[D, L] long: cache slots of each decode request's context, padded to the longest
-    (L) with the request's own last slot (hidden by decode_mask)."""
-    decode_mask: torch.Tensor | None    # [D, 1, 1, L] bool, True on real context slots
-    prefills: list[PrefillSlice]
     page_size: int
-    block_tables: list[list[int]]       # per request, its block ids (for paged kernels)
     window: int | None = None
     """Sliding window of this group's layers (None: full attention)."""
     sliding: "AttentionMetadata | None" = None
     """The sliding-window group's metadata, on the full group's object, for models
     with sliding layers."""
-    decode_lengths: torch.Tensor | None = None
-    """[D] long: how many leading entries of each decode_kv_slots row are real
-    context (the rest is padding)."""
-    step_kv_slots: torch.Tensor | None = None
-    """Steps with prefill rows: [R, L] long, the slots of each request's context
-    positions 0..end-1 (in a window, from the first one its first row sees), padded
-    like decode_kv_slots. With step_slot_rows, step_lengths and step_starts, every row
-    of the step is one query of the native attention kernel."""
-    step_slot_rows: torch.Tensor | None = None
-    """[T] long: the request (row of step_kv_slots) of each row of the step."""
-    step_lengths: torch.Tensor | None = None
-    """[T] long: the keys each row attends to: its position + 1 (causal), at most the
-    window. Worked example: a request at rows 4..6 feeding positions 10..12 has
-    step_slot_rows [r, r, r] and step_lengths [11, 12, 13]."""
-    step_starts: torch.Tensor | None = None
-    """Sliding-window groups: [T] long, the entry of its step_kv_slots row each row's
-    keys start at (None: 0). Worked example, window 4: that request's row holds
-    positions 7..12 (7 = 10 - 4 + 1, the first key of position 10); step_starts
-    [0, 1, 2], step_lengths [4, 4, 4]: position 12 reads positions 9..12."""
-    block_table: torch.Tensor | None = None
-    """Backends that page through block tables (flash attention): [R, W] int32, row r
-    the block ids of request r, padded to W with block 0 (never read: past the
-    request's length, or outside its window). Released sliding blocks (None) are 0
-    too. Worked example (page_size 256): a request at position 300 holding blocks
-    [7, 2] reads keys 0..255 from block 7 and 256..300 from block 2."""
-    cu_seqlens_k: torch.Tensor | None = None
-    """[R + 1] int32, cumulative context lengths after the step (with block_table)."""
-    max_seqlen_q: int = 0
-    """Longest query run of the step (with block_table)."""
-    max_seqlen_k: int = 0
-    """Longest context after the step (with block_table)."""
-    decode_fast_path: bool = False
-    """Decode-only step on the decode fast path: block_table has the fixed width that
-    decode_tables.py chose, and the decode slots and mask are not built."""
+    decode_fast_path: ClassVar[bool] = False
+    """Whether steps of this type are decode-only over fixed-width tables (a trait of
+    the type: FixedTableMetadata's)."""
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     """Tensors a backend derives from the fields above, the same for every layer of
     the step (the decode fast path's gather indices and mask): built by the first
@@ -101,3 +77,57 @@ class AttentionMetadata:
         if key not in self.derived:
             self.derived[key] = build()
         return self.derived[key]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchMetadata(AttentionMetadata):
+    prefills: list[PrefillSlice]
+    decode_rows: torch.Tensor | None = None     # [D] long: rows of requests feeding one token
+    decode_kv_slots: torch.Tensor | None = None
+    """[D, L] long: cache slots of each decode request's context, padded to the longest
+    (L) with the request's own last slot (hidden by decode_mask)."""
+    decode_mask: torch.Tensor | None = None     # [D, 1, 1, L] bool, True on real context slots
+    decode_lengths: torch.Tensor | None = None
+    """[D] long: how many leading entries of each decode_kv_slots row are real
+    context (the rest is padding)."""
+    step_kv_slots: torch.Tensor | None = None
+    """Steps with prefill rows whose chunks are short (the native kernel takes them):
+    [R, L] long, the slots of each request's context positions 0..end-1 (in a window,
+    from the first one its first row sees), padded like decode_kv_slots. With
+    step_slot_rows, step_lengths and step_starts, every row of the step is one query
+    of the native attention kernel."""
+    step_slot_rows: torch.Tensor | None = None
+    """[T] long: the request (row of step_kv_slots) of each row of the step."""
+    step_lengths: torch.Tensor | None = None
+    """[T] long: the keys each row attends to: its position + 1 (causal), at most the
+    window. Worked example: a request at rows 4..6 feeding positions 10..12 has
+    step_slot_rows [r, r, r] and step_lengths [11, 12, 13]."""
+    step_starts: torch.Tensor | None = None
+    """Sliding-window groups: [T] long, the entry of its step_kv_slots row each row's
+    keys start at (None: 0). Worked example, window 4: that request's row holds
+    positions 7..12 (7 = 10 - 4 + 1, the first key of position 10); step_starts
+    [0, 1, 2], step_lengths [4, 4, 4]: position 12 reads positions 9..12."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedTableMetadata(AttentionMetadata):
+    block_table: torch.Tensor
+    """[R, W] int32, row r the block ids of request r, padded with block 0 to the
+    width decode_tables.py chose for the step (never read: past the request's length,
+    or outside its window; released sliding blocks are 0 too)."""
+    decode_fast_path: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlashMetadata(AttentionMetadata):
+    block_table: torch.Tensor
+    """[R, W] int32, row r the block ids of request r, padded to the widest request
+    with block 0 (as FixedTableMetadata's). Worked example (page_size 256): a request
+    at position 300 holding blocks [7, 2] reads keys 0..255 from block 7 and 256..300
+    from block 2."""
+    cu_seqlens_k: torch.Tensor
+    """[R + 1] int32, cumulative context lengths after the step."""
+    max_seqlen_q: int
+    """Longest query run of the step."""
+    max_seqlen_k: int
+    """Longest context after the step."""

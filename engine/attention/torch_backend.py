@@ -12,8 +12,9 @@ request's first start + i + 1 slots). Otherwise:
   kernel over the pages in place (native_prefill.py); otherwise SDPA, over its fresh
   K/V when it starts at position 0 (plain causal), else over its whole context
   gathered from the pages with a causal mask shifted by the tokens already cached.
-Decode steps on the decode fast path (accelerators: `meta.decode_fast_path`) read
-fixed-width block tables instead (fixed_table_decode.py), the shapes CUDA graphs need.
+Decode steps on the decode fast path (accelerators: FixedTableMetadata) read
+fixed-width block tables instead (fixed_table_decode.py), the shapes CUDA graphs need;
+every other step arrives as TorchMetadata.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .fixed_table_decode import attention_dtype, fixed_table_decode, table_gather
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, FixedTableMetadata, TorchMetadata
 from .native_prefill import attend_chunk, prefill_kernels
 
 FUSED_DECODE_MAX_BATCH = 4
@@ -59,15 +60,18 @@ class TorchPagedAttention:
             flat_keys.index_copy_(0, meta.slot_mapping, key.to(flat_keys.dtype))
             flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
-        if meta.decode_fast_path:             # fixed-width tables: graph-friendly shapes
+        if isinstance(meta, FixedTableMetadata):     # graph-friendly shapes
             gather = meta.derive("table_gather", lambda: table_gather(
                 meta.seq_lens_k, meta.block_table, key_cache.shape[1],
                 attention_dtype(query, key_cache), meta.window))
             return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
                                       meta.block_table, scale, meta.window, gather)
+        if not isinstance(meta, TorchMetadata):
+            raise TypeError(f"the torch backend reads TorchMetadata or FixedTableMetadata, "
+                            f"got {type(meta).__name__}")
         return self._varlen(query, key, value, flat_keys, flat_values, meta, scale)
 
-    def _varlen(self, query, key, value, flat_keys, flat_values, meta: AttentionMetadata,
+    def _varlen(self, query, key, value, flat_keys, flat_values, meta: TorchMetadata,
                 scale: float) -> torch.Tensor:
         """Varlen steps (prefill chunks, CPU decodes). Under a compiled layer step this
         runs eagerly (compile_boundary)."""
@@ -94,7 +98,7 @@ class TorchPagedAttention:
         return output
 
     @staticmethod
-    def _decode(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
+    def _decode(query, flat_keys, flat_values, meta: TorchMetadata, scale: float):
         """One query per request: the native kernel when there is one for this cache;
         else one SDPA call for a few requests; else batched matmuls over the gathered
         contexts, one pair per KV head. The G query heads sharing a KV head (GQA) form the rows of one
@@ -129,7 +133,7 @@ class TorchPagedAttention:
         return out.to(query.dtype)
 
     @staticmethod
-    def _decode_fused(query, flat_keys, flat_values, meta: AttentionMetadata, scale: float):
+    def _decode_fused(query, flat_keys, flat_values, meta: TorchMetadata, scale: float):
         """Few decode requests: one SDPA call over the gathered contexts (per-op costs
         dominate here, and SDPA is one op where the per-head path is ~15)."""
         dtype = torch.promote_types(flat_keys.dtype, query.dtype)

@@ -38,6 +38,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..attention.metadata import TorchMetadata
 from ..kernels.block_layers import (BlockStackGroup, BlockStackLayer, BlockStackShape,
                                     decoder_layer)
 from ..kernels.native import GATED_ACTIVATIONS, kernel_failure
@@ -159,12 +160,12 @@ def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, rows: int, head_dim: 
     for last_meta, verdict in _recent:
         if last_meta is meta:
             return verdict and cos.shape[0] == rows
-    longs = (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths)
-    verdict = (not meta.prefills and meta.decode_lengths is not None
+    verdict = (isinstance(meta, TorchMetadata) and not meta.prefills
+               and meta.decode_lengths is not None
                and cos.shape == sin.shape == (cos.shape[0], head_dim)
                and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
                and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
-                       for t in longs)
+                       for t in (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths))
                and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == cos.shape[0])
     _recent = ((meta, verdict),) + _recent[:1]
     return verdict and cos.shape[0] == rows

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import get_backend
+from ..attention.backend import AttentionBackend, get_backend
 from ..attention.metadata import AttentionMetadata
 from .executors import LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
@@ -145,20 +145,22 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
             rotary.reset(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata, layer_step=None) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+                meta: AttentionMetadata, backend: AttentionBackend,
+                layer_step=None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
+        `backend` (the runner's)."""
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
         rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
         executors = self.executors
-        if executors.stacks and layer_step is None and self.attn_backend.name == "torch":
+        if executors.stacks and layer_step is None and backend.name == "torch":
             out = run_stack(executors, ModelStep(hidden, *rope[FULL], kv_cache, meta,
                                                  sliding_rope=rope[SLIDING]))
             if out is not None:
                 return self.norm(out)
         for i, layer in enumerate(self.layers):
             cos, sin = rope[SLIDING if layer.is_sliding else FULL]
-            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step,
+            hidden = layer(hidden, cos, sin, kv_cache, meta, backend, layer_step,
                            executors.of_layer(i))
         return self.norm(hidden)
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import get_backend
+from ..attention.backend import AttentionBackend, get_backend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
 from ..model_spec import EngineModelSpec
@@ -222,18 +222,19 @@ class LlamaFamilyForCausalLM(nn.Module):
         return self.layers[0].self_attn.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata, layer_step=None) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]. `layer_step`:
-        see DecoderLayer.forward."""
+                meta: AttentionMetadata, backend: AttentionBackend,
+                layer_step=None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
+        `backend` (the runner's). `layer_step`: see DecoderLayer.forward."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
         executors = self.executors
-        if executors.stacks and layer_step is None and self.attn_backend.name == "torch":
+        if executors.stacks and layer_step is None and backend.name == "torch":
             out = run_stack(executors, ModelStep(hidden, cos, sin, kv_cache, meta))
             if out is not None:
                 return self.norm(out)
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend, layer_step,
+            hidden = layer(hidden, cos, sin, kv_cache, meta, backend, layer_step,
                            executors.of_layer(i))
         return self.norm(hidden)
 

@@ -44,6 +44,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..attention.metadata import TorchMetadata
 from ..kernels.block_layers import LayerTraits
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS, kernel_failure
 from .block_weights import BlockLinear
@@ -105,8 +106,9 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 def _contexts(meta, rows: int) -> tuple | None:
     """(slots, lengths, slot_rows or None, starts or None) of the native attention for
-    this step of one attention group, every per-row tensor `rows` long."""
-    if meta is None:
+    this step of one attention group, every per-row tensor `rows` long (None: the
+    group has no torch-backend contexts)."""
+    if not isinstance(meta, TorchMetadata):
         return None
     if not meta.prefills:
         found = (meta.decode_kv_slots, meta.decode_lengths, None, None)

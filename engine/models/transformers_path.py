@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import get_backend
+from ..attention.backend import AttentionBackend, get_backend
 from ..attention.metadata import AttentionMetadata
 from ..model_spec import EngineModelSpec
 
@@ -200,7 +200,7 @@ def decoder_layers(backbone: nn.Module, count: int) -> nn.ModuleList:
 
 class TransformersCausalLM(nn.Module):
     """A transformers causal LM behind the engine's model interface: `forward(input_ids,
-    positions, kv_cache, meta)` -> final hidden states [T, hidden], `compute_logits`,
+    positions, kv_cache, meta, backend)` -> final hidden states [T, hidden], `compute_logits`,
     and the cache's shape (`layers`, `num_kv_heads`, `head_dim`, sliding layers)."""
 
     def __init__(self, hf_model: nn.Module) -> None:
@@ -240,10 +240,12 @@ class TransformersCausalLM(nn.Module):
         self.kv_cache_dtype = dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata, layer_step=None) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]. `layer_step`
-        (compiled layer steps) does not apply to this path and is ignored."""
-        step = PagedStep(kv_cache, meta, self.attn_backend, self.layer_is_sliding)
+                meta: AttentionMetadata, backend: AttentionBackend,
+                layer_step=None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
+        `backend` (the runner's). `layer_step` (compiled layer steps) does not apply
+        to this path and is ignored."""
+        step = PagedStep(kv_cache, meta, backend, self.layer_is_sliding)
         with current_step(step):
             out = self.backbone(input_ids=input_ids[None], position_ids=positions[None],
                                 use_cache=False)

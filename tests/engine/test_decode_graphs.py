@@ -14,7 +14,7 @@ import torch
 from engine import ContinuousBatchingConfig
 from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode, table_gather
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import FixedTableMetadata
 from engine.attention.flash_backend import FlashPagedAttention
 from engine.compile_paths import CompilePlan, CompileSettings
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
@@ -128,11 +128,10 @@ def test_fixed_table_decode_follows_the_kvcache_contract(window):
 def test_derived_tensors_live_for_one_step_object():
     """meta.derive builds a value once per metadata object; a replaced copy (another
     step's view of it) starts empty, so it never reads a stale gather."""
-    meta = AttentionMetadata(
+    meta = FixedTableMetadata(
         slot_mapping=torch.zeros(2, dtype=torch.long), cu_seqlens_q=torch.arange(3),
-        seq_lens_k=torch.ones(2, dtype=torch.int32), decode_rows=None, decode_kv_slots=None,
-        decode_mask=None, prefills=[], page_size=PAGE, block_tables=[],
-        block_table=torch.zeros(2, 1, dtype=torch.int32), decode_fast_path=True)
+        seq_lens_k=torch.ones(2, dtype=torch.int32), page_size=PAGE,
+        block_table=torch.zeros(2, 1, dtype=torch.int32))
     builds = []
     first = meta.derive("key", lambda: builds.append(1) or torch.ones(1))
     assert meta.derive("key", lambda: builds.append(1) or torch.zeros(1)) is first

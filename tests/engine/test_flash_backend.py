@@ -12,6 +12,7 @@ import torch
 
 from engine.attention.backend import get_backend, switch_to_cb_friendly_attn
 from engine.attention.flash_backend import FlashPagedAttention, flash_unsupported_reason
+from engine.attention.metadata import FixedTableMetadata, FlashMetadata, TorchMetadata
 from engine.batch import build_step_inputs
 from engine.decode_tables import DecodeTables
 from engine.generation_config import SamplingParams
@@ -91,7 +92,7 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     assert meta.block_table.dtype == meta.cu_seqlens_k.dtype == torch.int32
     assert meta.cu_seqlens_k.tolist() == [0, 300, 310]
     assert (meta.max_seqlen_q, meta.max_seqlen_k, meta.decode_fast_path) == (1, 300, False)
-    assert meta.decode_kv_slots is None              # the torch backend's gathers: not built
+    assert isinstance(meta, FlashMetadata)           # the torch backend's gathers: not built
     fast = build_step_inputs(decodes, PAGE, cpu, paged_tables=True,
                              decode_tables=DecodeTables(4)).meta
     assert fast.decode_fast_path and fast.block_table.tolist() == [[7, 2, 0, 0], [4, 0, 0, 0]]
@@ -100,7 +101,7 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     assert not too_narrow.meta.decode_fast_path
     rounded = build_step_inputs(decodes, PAGE, cpu, decode_tables=DecodeTables(8, round_up=True))
     assert rounded.meta.block_table.tolist() == [[7, 2], [4, 0]]      # 2 blocks: width 2
-    assert rounded.meta.decode_fast_path and rounded.meta.decode_kv_slots is None
+    assert isinstance(rounded.meta, FixedTableMetadata) and rounded.meta.decode_fast_path
     capped = DecodeTables(8, round_up=True, max_keys=2 * 2 * PAGE - 1)
     assert not build_step_inputs(decodes, PAGE, cpu, decode_tables=capped).meta.decode_fast_path
     chunk = _request("c", [3, 5, 9], 600)
@@ -113,7 +114,7 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     assert meta.block_table.tolist() == [[3, 5, 9], [4, 0, 0]]
     assert (meta.max_seqlen_q, meta.max_seqlen_k) == (16, 536)
     assert meta.sliding.block_table.tolist() == [[0, 5, 9], [4, 0, 0]]   # released -> 0
-    assert build_step_inputs(decodes, PAGE, cpu).meta.block_table is None
+    assert isinstance(build_step_inputs(decodes, PAGE, cpu).meta, TorchMetadata)
 
 
 @pytest.mark.parametrize("window", [None, 40])
@@ -172,5 +173,5 @@ def test_flash_backend_refuses_steps_without_block_tables(tiny_llama):
                                             []), PAGE, torch.device("cpu")).meta
     q = torch.zeros(3, 6, 10)
     cache = torch.zeros(2, PAGE, 2, 10)
-    with pytest.raises(RuntimeError, match="block_table"):
+    with pytest.raises(TypeError, match="reads block tables .* got TorchMetadata"):
         backend.forward(q, q[:, :2], q[:, :2], cache, cache, meta, 1.0)

@@ -67,7 +67,7 @@ class StepRuns:
         inputs = self.inputs
         with torch.inference_mode():
             hidden = self.module(inputs.input_ids, inputs.positions, self.runner.cache,
-                                 inputs.meta)
+                                 inputs.meta, self.runner.backend)
         return hidden, [cache.clone() for cache in self.caches]
 
 
