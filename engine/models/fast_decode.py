@@ -146,28 +146,20 @@ def _bound_to(entries, layer_indices: list[int], shape: BlockStackShape,
     return entries, shape
 
 
-_recent: tuple = ()
-"""((metadata, verdict), ...) of the last two group metadatas checked: every layer of
-a step shares the metadata and rotary tables of its group, so _step_fits checks each
-group once per step, not per layer. Replaced as one tuple, so engines on other
-threads never read a mixed pair."""
-
-
 def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, rows: int, head_dim: int) -> bool:
     """The group's step is decode-only, `rows` rows, and the tensors the native calls
-    read for it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths)."""
-    global _recent
-    for last_meta, verdict in _recent:
-        if last_meta is meta:
-            return verdict and cos.shape[0] == rows
-    verdict = (isinstance(meta, TorchMetadata) and not meta.prefills
-               and meta.decode_lengths is not None
-               and cos.shape == sin.shape == (cos.shape[0], head_dim)
-               and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
-               and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
-                       for t in (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths))
-               and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == cos.shape[0])
-    _recent = ((meta, verdict),) + _recent[:1]
+    read for it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths).
+    Every layer of a step shares its group's metadata and rotary tables, so the
+    verdict is derived once per step and group (AttentionMetadata.derive)."""
+    if not isinstance(meta, TorchMetadata):
+        return False
+    verdict = meta.derive("fast_decode_fits", lambda: (
+        not meta.prefills and meta.decode_lengths is not None
+        and cos.shape == sin.shape == (cos.shape[0], head_dim)
+        and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
+        and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
+                for t in (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths))
+        and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == cos.shape[0]))
     return verdict and cos.shape[0] == rows
 
 

@@ -112,26 +112,17 @@ class PackedLayer:
         return hidden + packed_linear(activated, self.down, fp32)
 
 
-_last_step: tuple = (None, False)
-"""(metadata, verdict) of the last check: every layer of a step shares its metadata,
-rotary tables and cache layout, so step_fits checks once per step. Replaced as one
-tuple, so engines on other threads never read a mixed pair."""
-
-
 def step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                value_cache: torch.Tensor) -> bool:
     """The rotary tables cover whole heads as contiguous CPU fp32, the slots are
-    contiguous int64, and the caches are contiguous fp32 or bf16 of one dtype."""
-    global _last_step
-    last_meta, verdict = _last_step
-    if last_meta is meta:
-        return verdict
+    contiguous int64, and the caches are contiguous fp32 or bf16 of one dtype. Every
+    layer of a step shares its metadata, rotary tables and cache layout, so the
+    verdict is derived once per step (AttentionMetadata.derive)."""
     head_dim = key_cache.shape[-1]
-    verdict = (cos.shape == sin.shape == (cos.shape[0], head_dim)
-               and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                       for t in (cos, sin))
-               and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
-               and key_cache.dtype == value_cache.dtype and key_cache.dtype in PACKED_DTYPES
-               and key_cache.is_contiguous() and value_cache.is_contiguous())
-    _last_step = (meta, verdict)
-    return verdict
+    return meta.derive("packed_step_fits", lambda: (
+        cos.shape == sin.shape == (cos.shape[0], head_dim)
+        and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                for t in (cos, sin))
+        and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
+        and key_cache.dtype == value_cache.dtype and key_cache.dtype in PACKED_DTYPES
+        and key_cache.is_contiguous() and value_cache.is_contiguous()))
