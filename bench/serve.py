@@ -21,7 +21,8 @@ of continuing a word list;
 result; bench/tool_loop.py), the same loop each time, a loop per "request".
 `--speculative off,on` runs every level twice against a server started with
 `--speculative-config`, without drafts (`"speculative": false` in each body) and with
-them, side by side in one run:
+them, side by side in one run, after an unmeasured pass over the level's distinct
+prompts (so both find the same prompts in the prefix cache):
 
     python -m server --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
     python -m bench.serve --base-url http://127.0.0.1:8000 --workload grounded \
@@ -236,6 +237,8 @@ def main(argv=None) -> dict:
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         count = args.num_requests or max(8, 2 * concurrency)
         prompts = [make_prompt(rng, args.input_len, args.workload) for _ in range(count)]
+        if len(modes) > 1:      # the first mode must not pay for a cold prefix cache alone
+            asyncio.run(run_level(args, concurrency, sorted(set(prompts)), False))
         for mode in modes:
             level = asyncio.run(run_level(args, concurrency, prompts, mode))
             if mode is not None:
