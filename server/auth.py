@@ -4,10 +4,11 @@ With `api_key` set (one key or several, from the config file, `KVSERVE_API_KEY` 
 `--api-key`), every route except the `open_paths` (by default /health, /ready and
 /metrics, which probes and scrapers call without credentials) needs
 
-    Authorization: Bearer <key>
+    Authorization: Bearer <key>      (the OpenAI SDK's `OpenAI(api_key=...)`)
+    x-api-key: <key>                 (the Anthropic SDK's `Anthropic(api_key=...)`)
 
-which is what the OpenAI SDK sends for `OpenAI(api_key=...)`. A missing or wrong
-key is a 401 in OpenAI's error shape.
+either on any route, so one key setting serves both kinds of client. A missing or
+wrong key is a 401 in the route's error shape.
 
 The comparison runs in constant time, so response timing says nothing about how
 much of a guessed key was right: `secrets.compare_digest` on every configured key,
@@ -49,6 +50,8 @@ async def require_api_key(request: Request) -> None:
     if settings.api_key is None or request.url.path in settings.open_paths:
         return
     token = bearer_token(request)
+    if token is None:
+        token = request.headers.get("x-api-key")
     if token is None or not key_matches(token, settings.api_key):
-        raise OpenAIError("Incorrect or missing API key. Send 'Authorization: Bearer <key>'.",
-                          status_code=401, code="invalid_api_key")
+        raise OpenAIError("Incorrect or missing API key. Send 'Authorization: Bearer <key>' "
+                          "or 'x-api-key: <key>'.", status_code=401, code="invalid_api_key")

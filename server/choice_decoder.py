@@ -54,6 +54,11 @@ class ChoiceDecoder:
         """Generated tokens consumed so far: the choice's completion_tokens."""
         self.finish_reason: str | None = None
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the choice, if one did."""
+        return self._stops.matched
+
     def step(self, output: GenerationOutput) -> ChoiceDelta:
         """Consume the tokens of `output` not seen before."""
         if self.finish_reason is not None:

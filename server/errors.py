@@ -1,4 +1,4 @@
-"""Errors in OpenAI's shape.
+"""Errors in OpenAI's shape (Anthropic's on the /v1/messages routes: anthropic/errors.py).
 
 Every failure the server reports, whatever raised it, reaches the client as
 
@@ -17,6 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .anthropic.errors import MESSAGES_PREFIX, anthropic_error_body
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +51,12 @@ class OpenAIError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def to_response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+    def to_response(self, request: Request | None = None) -> JSONResponse:
+        """The error as a response, in the shape of `request`'s API."""
+        body = self.body()
+        if request is not None and request.url.path.startswith(MESSAGES_PREFIX):
+            body = anthropic_error_body(self.status_code, self.message)
+        return JSONResponse(body, status_code=self.status_code, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None,
@@ -82,25 +88,25 @@ def install_error_handlers(app: FastAPI) -> None:
     """Route every exception type FastAPI knows through OpenAI's error shape."""
 
     async def on_openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return exc.to_response()
+        return exc.to_response(request)
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = tuple(p for p in first.get("loc", ()) if p != "body")
-        return bad_request(str(first.get("msg")), format_loc(loc) or None).to_response()
+        return bad_request(str(first.get("msg")), format_loc(loc) or None).to_response(request)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404:
             message = f"Unknown endpoint: {request.method} {request.url.path}"
-        error = OpenAIError(message, status_code=exc.status_code)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+        error = OpenAIError(message, status_code=exc.status_code, headers=exc.headers)
+        return error.to_response(request)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         error = OpenAIError("The server had an internal error while processing the request.",
                             status_code=500, type="server_error", code="internal_error")
-        return error.to_response()
+        return error.to_response(request)
 
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

@@ -1,5 +1,5 @@
 """The API routes. Generation lives in serving_chat.py / serving_completions.py /
-serving_responses.py;
+serving_responses.py / anthropic/serving.py (Anthropic's Messages);
 the small endpoints (models, tokenize, detokenize) are answered here. The
 operational ones (health, ready, metrics) are in routes_ops.py.
 
@@ -13,6 +13,7 @@ import asyncio
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from .anthropic.serving import count_tokens, create_message
 from .auth import require_api_key
 from .body import parse_request
 from .detokenizer import decode_all
@@ -44,6 +45,16 @@ async def completions(request: Request) -> Response:
 @api.post("/v1/responses")
 async def responses(request: Request) -> Response:
     return await create_response(request, serving_state(request))
+
+
+@api.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    return await create_message(request, serving_state(request))
+
+
+@api.post("/v1/messages/count_tokens")
+async def messages_count_tokens(request: Request) -> Response:
+    return await count_tokens(request, serving_state(request))
 
 
 def _model_card(state: ServingState) -> dict:

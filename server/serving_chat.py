@@ -39,6 +39,27 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     body = await parse_request(request, ChatCompletionRequest, state.settings.max_request_bytes,
                                ignore_unknown=True, message_cls=ChatMessage)
     header["model"] = state.check_model(body.model)
+    chat = await submit_chat(state, run, body, header["id"])
+    plan, choices = chat.plan, chat.choices
+    job = _ChatJob(state, run, choices, plan, header, chat.prompt_tokens, chat.shape)
+    if plan.stream:
+        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
+                            write_timeout_s=state.settings.stream_write_timeout_s)
+    return await json_until_disconnect(request, job.collect())
+
+
+@dataclass(frozen=True)
+class SubmittedChat:
+    prompt_tokens: int
+    shape: AnswerShape
+    plan: GenerationPlan
+    choices: list[Choice]
+
+
+async def submit_chat(state: ServingState, run: GenerationRun, body: ChatCompletionRequest,
+                      response_id: str) -> SubmittedChat:
+    """A validated chat body's prompt, answer shape, grammar and plan, and its choices
+    queued in the engine (the chat route's, and the Messages API's after translation)."""
     # rendering and tokenizing a large body takes a while: off the event loop
     rendered = await asyncio.to_thread(render_chat, state.tokenizer, state.chat_format,
                                        body.messages, True,
@@ -54,12 +75,8 @@ async def create_chat_completion(request: Request, state: ServingState) -> Respo
     run.record.stream, run.record.prompt_tokens = plan.stream, len(prompt_ids)
     if state.settings.log_prompts:
         run.record.prompt_text = state.tokenizer.decode(prompt_ids)
-    choices = submit_choices(state, header["id"], [prompt_ids], plan)
-    job = _ChatJob(state, run, choices, plan, header, len(prompt_ids), shape)
-    if plan.stream:
-        return sse_response(job.stream(), on_close=lambda: cancel_all(choices),
-                            write_timeout_s=state.settings.stream_write_timeout_s)
-    return await json_until_disconnect(request, job.collect())
+    choices = submit_choices(state, response_id, [prompt_ids], plan)
+    return SubmittedChat(len(prompt_ids), shape, plan, choices)
 
 
 def _finish_reason(reason: str | None, calls_tools: bool) -> str | None:
