@@ -42,6 +42,12 @@ def bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
+def presented_key(request: Request) -> str | None:
+    """The key the caller sent (Bearer first, then x-api-key), or None."""
+    token = bearer_token(request)
+    return token if token is not None else request.headers.get("x-api-key")
+
+
 async def require_api_key(request: Request) -> None:
     """FastAPI dependency of every route: raise 401 unless the caller may pass.
     (async: FastAPI runs a plain function dependency on a worker thread, a thread
@@ -49,9 +55,7 @@ async def require_api_key(request: Request) -> None:
     settings = request.app.state.serving.settings
     if settings.api_key is None or request.url.path in settings.open_paths:
         return
-    token = bearer_token(request)
-    if token is None:
-        token = request.headers.get("x-api-key")
+    token = presented_key(request)
     if token is None or not key_matches(token, settings.api_key):
         raise OpenAIError("Incorrect or missing API key. Send 'Authorization: Bearer <key>' "
                           "or 'x-api-key: <key>'.", status_code=401, code="invalid_api_key")

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--malloc-arena-max", type=int, help="glibc malloc arenas (default 2)")
     add("--malloc-trim-interval", dest="malloc_trim_interval_s", type=float,
         help="seconds between returns of free heap memory to the system (default 10, 0 = off)")
+    add("--responses-store-size", type=int,
+        help="stored /v1/responses kept for previous_response_id (default 1000, 0 = none)")
+    add("--responses-store-ttl", dest="responses_store_ttl_s", type=float,
+        help="seconds a stored response is kept (default 3600)")
     add("--drain-timeout", dest="drain_timeout_s", type=float,
         help="seconds in-flight requests may finish after SIGTERM (default 30)")
     add("--log-level", help="critical, error, warning, info or debug")

@@ -1,6 +1,7 @@
 """A Responses request, translated into the chat path's request.
 
     instructions                  -> a system message, first
+    previous_response_id          -> the stored conversation (responses_store.py) next
     input (a string)              -> one user message
     message items                 -> messages of the same role (parts joined)
     function_call items           -> an assistant message's tool_calls (consecutive
@@ -56,8 +57,8 @@ def input_items(body: ResponsesRequest) -> list[InputItem]:
         if model_cls is None:
             raise bad_request(
                 f"Invalid value for 'input[{index}].type': {kind!r} is not supported; this "
-                f"server takes {', '.join(repr(k) for k in ITEM_TYPES)} items (nothing is "
-                "stored, so items cannot be referred to by id).",
+                f"server takes {', '.join(repr(k) for k in ITEM_TYPES)} items (items cannot "
+                "be referred to by id).",
                 param=f"input[{index}].type", code="invalid_value")
         items.append(validate_at(model_cls, raw, f"input[{index}]"))
     return items
@@ -74,11 +75,14 @@ def function_tools(body: ResponsesRequest) -> list[FunctionTool]:
     return tools
 
 
-def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
-    """The conversation as chat messages (see the module's table)."""
+def chat_messages(instructions: str | None, items: list[InputItem],
+                  history: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The conversation as chat messages (see the module's table), after `history`
+    (a stored response's, as chat messages)."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
+    messages.extend(dict(message) for message in history)
     for item in items:
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": item.content})
@@ -117,14 +121,25 @@ def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
                                                    if v is not None}}
 
 
-def to_chat_request(body: ResponsesRequest, tools: list[FunctionTool]) -> ChatCompletionRequest:
-    """The chat request that answers `body` (its tools already validated)."""
+def answer_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items (messages and function calls; reasoning skipped) as
+    chat messages, as they would be replayed in `input`."""
+    items = [validate_model(ITEM_TYPES[item["type"]],
+                            drop_unknown_fields(ITEM_TYPES[item["type"]], item))
+             for item in output if item["type"] in ("message", "function_call")]
+    return chat_messages(None, items) if items else []
+
+
+def to_chat_request(body: ResponsesRequest, tools: list[FunctionTool],
+                    history: list[dict[str, Any]] = ()) -> ChatCompletionRequest:
+    """The chat request that answers `body` (its tools already validated), after the
+    `history` its previous_response_id names."""
     if tools and body.tool_choice != "none" and body.format_type != "text":
         raise bad_request("Invalid value for 'text.format': structured output cannot be "
                           "combined with tools unless tool_choice is 'none'.",
                           param="text.format", code="invalid_value")
     chat: dict[str, Any] = {
-        "messages": chat_messages(body.instructions, input_items(body)),
+        "messages": chat_messages(body.instructions, input_items(body), history),
         "model": body.model, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "user": body.user,
         "stream": body.stream, "parallel_tool_calls": body.parallel_tool_calls,

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from .anthropic.serving import count_tokens, create_message
-from .auth import require_api_key
+from .auth import presented_key, require_api_key
 from .body import parse_request
 from .detokenizer import decode_all
 from .prompts import check_token_ids, encode_text, render_chat
@@ -45,6 +45,24 @@ async def completions(request: Request) -> Response:
 @api.post("/v1/responses")
 async def responses(request: Request) -> Response:
     return await create_response(request, serving_state(request))
+
+
+@api.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> JSONResponse:
+    state = serving_state(request)
+    return JSONResponse(state.responses.get(response_id, _key(request, state)).response)
+
+
+@api.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> JSONResponse:
+    state = serving_state(request)
+    state.responses.delete(response_id, _key(request, state))
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def _key(request: Request, state: ServingState) -> str | None:
+    """The caller's API key where keys are set (a stored response's owner), else None."""
+    return presented_key(request) if state.settings.api_key else None
 
 
 @api.post("/v1/messages")

@@ -57,9 +57,10 @@ class SubmittedChat:
 
 
 async def submit_chat(state: ServingState, run: GenerationRun, body: ChatCompletionRequest,
-                      response_id: str) -> SubmittedChat:
+                      response_id: str, format_param: str = "response_format") -> SubmittedChat:
     """A validated chat body's prompt, answer shape, grammar and plan, and its choices
-    queued in the engine (the chat route's, and the Messages API's after translation)."""
+    queued in the engine (the chat route's, and the Messages and Responses APIs' after
+    translation). `format_param`: the name a refused response_format is given."""
     # rendering and tokenizing a large body takes a while: off the event loop
     rendered = await asyncio.to_thread(render_chat, state.tokenizer, state.chat_format,
                                        body.messages, True,
@@ -68,7 +69,7 @@ async def submit_chat(state: ServingState, run: GenerationRun, body: ChatComplet
     prompt_ids = rendered.ids
     shape = AnswerShape.of(body, state, rendered.text)
     grammar = await compile_spec(state, shape.grammar_spec(body),
-                                 "tools" if shape.tools is not None else "response_format")
+                                 "tools" if shape.tools is not None else format_param)
     plan = build_plan(body, state, max_tokens=body.requested_max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
                       grammar=grammar)

@@ -5,50 +5,39 @@
          -> one engine request -> the chat path's answer (a message, or its deltas)
          -> Response object (responses_output.py), or its events (responses_stream.py)
 
-Stateless: nothing is stored (`store: true` is accepted and logged once), so a
-conversation goes whole in `input` each turn, function calls and their outputs
-included. Errors about a field the chat request names its own way are renamed to
-the Responses field (`messages` -> `input`, `max_tokens` -> `max_output_tokens`).
+A finished response is stored unless the request says `store: false`
+(responses_store.py): `previous_response_id` then continues its conversation, and
+GET / DELETE /v1/responses/{id} read and drop it (only with the API key that made
+it). A conversation can also go whole in `input` each turn, function calls and their
+outputs included. Errors about a field the chat request names its own way are
+renamed to the Responses field (`messages` -> `input`, `max_tokens` ->
+`max_output_tokens`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
 
+from .auth import presented_key
 from .body import parse_request
 from .chat_answer import AnswerShape
 from .errors import OpenAIError
 from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
-                         json_until_disconnect, start_run, submit_choices)
-from .prompts import render_chat
+                         json_until_disconnect, start_run)
 from .protocol.responses import ResponsesRequest
-from .responses_input import function_tools, to_chat_request
+from .responses_input import answer_messages, function_tools, to_chat_request
 from .responses_output import finished, in_progress, item_id, output_items, usage
 from .responses_stream import ResponseEvents, internal_error
-from .sampling import build_plan
+from .serving_chat import submit_chat
 from .sse import EventStreamResponse
 from .state import ServingState
-from .structured_output import compile_spec
-
-logger = logging.getLogger(__name__)
 
 _RENAMED_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens",
                    "response_format": "text.format"}
-_store_logged = False
-
-
-def _log_store_once() -> None:
-    global _store_logged
-    if not _store_logged:
-        _store_logged = True
-        logger.info("a /v1/responses request asked for store=true; this server stores no "
-                    "responses (logged once)")
 
 
 @contextlib.contextmanager
@@ -68,29 +57,39 @@ async def create_response(request: Request, state: ServingState) -> Response:
     run.record.request_id = response_id
     body = await parse_request(request, ResponsesRequest, state.settings.max_request_bytes,
                                ignore_unknown=True)
-    if body.store:
-        _log_store_once()
+    key = presented_key(request) if state.settings.api_key else None
+    history = [] if body.previous_response_id is None else state.responses.get(
+        body.previous_response_id, key, "previous_response_id").history
     tools = function_tools(body)
-    chat = to_chat_request(body, tools)
+    chat = to_chat_request(body, tools, history)
     model = state.check_model(body.model)
     with _responses_params():
-        rendered = await asyncio.to_thread(render_chat, state.tokenizer, state.chat_format,
-                                           chat.messages, True,
-                                           chat.tools if chat.calls_tools else None)
-        shape = AnswerShape.of(chat, state, rendered.text)
-        grammar = await compile_spec(state, shape.grammar_spec(chat),
-                                     "tools" if shape.tools is not None else "text.format")
-        plan = build_plan(chat, state, max_tokens=chat.requested_max_tokens, logprobs=False,
-                          top_logprobs=0, grammar=grammar)
-        run.record.stream, run.record.prompt_tokens = plan.stream, len(rendered.ids)
-        if state.settings.log_prompts:
-            run.record.prompt_text = rendered.text
-        choices = submit_choices(state, response_id, [rendered.ids], plan)
-    job = _ResponseJob(state, run, choices, shape, in_progress(body, tools, response_id, model))
+        submitted = await submit_chat(state, run, chat, response_id, format_param="text.format")
+    conversation = [m.model_dump(exclude_none=True) for m in chat.messages]
+    keep = None if body.store is False else \
+        _Keeper(state, key, conversation[1:] if body.instructions else conversation)
+    plan, choices = submitted.plan, submitted.choices
+    job = _ResponseJob(state, run, choices, submitted.shape,
+                       in_progress(body, tools, response_id, model), keep)
     if plan.stream:
         return EventStreamResponse(job.stream(), on_close=lambda: cancel_all(choices),
                                    write_timeout_s=state.settings.stream_write_timeout_s)
     return await json_until_disconnect(request, job.collect())
+
+
+@dataclass(frozen=True)
+class _Keeper:
+    """Stores a finished response with its conversation (store is not false)."""
+    state: ServingState
+    key: str | None
+    conversation: list[dict[str, Any]]
+    """The request's chat messages, the instructions' system message left out."""
+
+    def keep(self, response: dict[str, Any]) -> dict[str, Any]:
+        self.state.responses.put(response["id"], response,
+                                 self.conversation + answer_messages(response["output"]),
+                                 self.key)
+        return response
 
 
 @dataclass
@@ -101,6 +100,10 @@ class _ResponseJob:
     shape: AnswerShape
     response: dict[str, Any]
     """The response as it stands before any output (responses_output.in_progress)."""
+    keeper: _Keeper | None
+
+    def _done(self, response: dict[str, Any]) -> dict[str, Any]:
+        return response if self.keeper is None else self.keeper.keep(response)
 
     @property
     def _choice(self) -> Choice:
@@ -125,7 +128,7 @@ class _ResponseJob:
                 texts.append(delta.text)
         message, _ = self.shape.message("".join(texts))
         output = output_items(message, self._incomplete)
-        return finished(self.response, output, self._incomplete, self._usage(output))
+        return self._done(finished(self.response, output, self._incomplete, self._usage(output)))
 
     async def stream(self) -> AsyncIterator[dict[str, str]]:
         """The events (responses_stream.py); a failure after the start becomes an
@@ -148,8 +151,10 @@ class _ResponseJob:
         except Exception:
             failure = internal_error()
         else:
-            for item in events.finish(self._incomplete, self._usage(events.output)):
+            usage_ = self._usage(events.output)
+            for item in events.finish(self._incomplete, usage_):
                 yield item
+            self._done(finished(self.response, events.output, self._incomplete, usage_))
             return
         for item in events.fail(failure):
             yield item

@@ -115,6 +115,11 @@ class ServerSettings(BaseModel):
     malloc_trim_interval_s: float = Field(10.0, ge=0)
     """Seconds between hand-backs of the free memory inside glibc's arenas to the
     system (malloc_trim, server/memory.py); 0: never."""
+    responses_store_size: int = Field(1000, ge=0)
+    """Stored /v1/responses kept for previous_response_id, GET and DELETE (the oldest
+    evicted; memory only); 0 stores none."""
+    responses_store_ttl_s: float = Field(3600.0, gt=0)
+    """Seconds a stored response is kept."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM/SIGINT, how long in-flight requests may run before they are cut."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

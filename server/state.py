@@ -14,6 +14,7 @@ from .async_engine import AsyncEngine
 from .chat_format import ChatFormat, build_chat_format
 from .errors import model_not_found
 from .metrics import ServerMetrics
+from .responses_store import ResponseStore
 from .settings import ServerSettings
 from .token_text import TokenTexts
 
@@ -43,6 +44,8 @@ class ServingState:
     chat_format: ChatFormat
     """The chat template, the tool-call family and reasoning support (chat_format.py)."""
     metrics: ServerMetrics | None = None
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 1.0))
+    """Stored /v1/responses (responses_store.py); build_state sizes it from settings."""
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -76,4 +79,6 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
                         chat_format=build_chat_format(
                             tokenizer, settings.chat_template, settings.tool_parser,
                             settings.parse_special_tokens_in_messages),
-                        metrics=ServerMetrics(engine, settings.model_name))
+                        metrics=ServerMetrics(engine, settings.model_name),
+                        responses=ResponseStore(settings.responses_store_size,
+                                                settings.responses_store_ttl_s))

@@ -19,8 +19,9 @@ Tools are OpenAI's flat function tools (`{"type": "function", "name", "parameter
 (`text`, `json_object`, `json_schema` with `name` and `schema`). `reasoning` is
 accepted and its effort ignored.
 
-Nothing is stored: `previous_response_id` and `conversation` (which refer to stored
-state), `background` and `prompt` (stored prompt templates) are refused by name.
+Responses are stored unless `store` is false (server/responses_store.py), and
+`previous_response_id` continues one. `conversation` (OpenAI's conversation objects),
+`background` and `prompt` (stored prompt templates) are refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .chat import join_text_parts
 
 _FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
-_STATELESS = "this server does not store responses; send the whole conversation in 'input'"
+_NO_CONVERSATIONS = ("conversation objects are not supported by this server; continue with "
+                     "'previous_response_id' or send the whole conversation in 'input'")
 _NO_PROMPTS = ("stored prompt templates are not supported by this server; send 'instructions' "
                "and 'input' instead")
 
@@ -157,11 +159,11 @@ class ResponsesRequest(OpenAIModel):
     background: bool | None = None
     prompt: Any = None
 
-    @field_validator("previous_response_id", "conversation")
+    @field_validator("conversation")
     @classmethod
-    def _refuse_stored(cls, value: Any) -> Any:
+    def _refuse_conversation(cls, value: Any) -> Any:
         if value is not None:
-            raise ValueError(_STATELESS)
+            raise ValueError(_NO_CONVERSATIONS)
         return value
 
     @field_validator("prompt")

@@ -11,6 +11,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.server.conftest import SECOND_API_KEY
+
 from server.responses_output import output_items
 from server.responses_stream import ResponseEvents
 
@@ -60,7 +62,7 @@ def test_text_response_and_echoed_parameters(client):
     assert response.metadata == {"run": "1"} and response.user == "u-1"
     assert response.tools == [] and response.tool_choice == "auto"
     assert response.parallel_tool_calls is True and response.text.format.type == "text"
-    assert response.store is False and response.error is None
+    assert response.store is True and response.error is None
 
 
 def test_instructions_come_first(client, server):
@@ -207,12 +209,55 @@ def test_max_output_tokens_is_incomplete(client):
     assert response.usage.output_tokens == 3 and response.output[0].status == "incomplete"
 
 
-def test_previous_response_id_is_refused(client):
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_123")
-    error = caught.value.response.json()["error"]
-    assert error["param"] == "previous_response_id"
-    assert error["type"] == "invalid_request_error" and "not store" in error["message"]
+def test_previous_response_id_continues_a_stored_conversation(client):
+    """Three turns chained by previous_response_id give the answers the same
+    conversation sent whole in `input` gives; instructions are not inherited."""
+    turns = ["My name is Ada and I like tea.", "What is my name?", "What do I like?"]
+    chained, whole, previous = [], [], None
+    for turn in turns:
+        response = client.responses.create(model=MODEL, input=turn, max_output_tokens=16,
+                                           temperature=0, previous_response_id=previous,
+                                           instructions="Be brief." if previous is None else None)
+        assert response.previous_response_id == previous and response.store is True
+        chained.append(response)
+        previous = response.id
+    history = []
+    for turn, response in zip(turns, chained):
+        history.append({"role": "user", "content": turn})
+        replay = client.responses.create(model=MODEL, input=list(history), max_output_tokens=16,
+                                         temperature=0, store=False,
+                                         instructions="Be brief." if len(history) == 1 else None)
+        assert replay.output_text == response.output_text
+        assert replay.usage.input_tokens == response.usage.input_tokens
+        history.append({"role": "assistant", "content": response.output_text})
+        whole.append(replay)
+    assert chained[2].usage.input_tokens > chained[1].usage.input_tokens > \
+        chained[0].usage.input_tokens - 10          # each turn carries the earlier ones
+
+
+def test_stored_responses_are_read_deleted_and_kept_to_their_key(server, client):
+    made = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+    assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
+    stranger = openai.OpenAI(base_url=server.openai_base_url, api_key=SECOND_API_KEY,
+                             max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        stranger.responses.create(model=MODEL, input="Hi", previous_response_id=made.id)
+    assert caught.value.response.json()["error"]["param"] == "previous_response_id"
+    client.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.responses.retrieve(made.id)
+    assert gone.value.response.json()["error"]["code"] == "response_not_found"
+    unstored = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    streamed = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, stream=True)
+    final = [event for event in streamed][-1]
+    assert final.type == "response.incomplete"                  # 4 tokens: cut short
+    stored = client.responses.retrieve(final.response.id)
+    assert stored.output_text == final.response.output_text and stored.status == "incomplete"
 
 
 @pytest.mark.parametrize("body, param", [
