@@ -11,8 +11,9 @@ from .generation_config import GenerationConfig
 from .manager import ContinuousBatchingManager
 from .model_api import EngineModel, load_model
 from .outputs import GenerationOutput, RequestStatus
+from .pooling import Pooling
 
 __all__ = [
     "ContinuousBatchingConfig", "ContinuousBatchingManager", "EngineModel",
-    "GenerationConfig", "GenerationOutput", "RequestStatus", "load_model",
+    "GenerationConfig", "GenerationOutput", "Pooling", "RequestStatus", "load_model",
 ]

@@ -35,6 +35,9 @@ class StepInputs:
     sampling_entries: list[int]      # [S] index into batch.entries of each sampling request
     verify_entries: list[int] = ()
     """Index into batch.entries of each entry with drafts (speculative decoding)."""
+    pooling_entries: list[tuple[int, int]] = ()
+    """(index into batch.entries, first row) of each embedding request's chunk: its
+    rows' hidden states are pooled (engine/pooling.py) instead of sampled."""
 
 
 def _slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[int]:
@@ -68,9 +71,13 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     sampling_entries: list[int] = []
     verify_rows: list[int] = []
     verify_entries: list[int] = []
+    pooling_entries: list[tuple[int, int]] = []
     for index, entry in enumerate(batch.entries):
         row = len(input_ids)
-        if entry.drafts:                 # the last token, then the proposed ones
+        if entry.request.pooling is not None:
+            input_ids.extend(entry.request.tokens_between(entry.start, entry.end))
+            pooling_entries.append((index, row))
+        elif entry.drafts:                 # the last token, then the proposed ones
             input_ids.extend(entry.request.tokens_between(entry.start, entry.start + 1))
             input_ids.extend(entry.drafts)
             verify_rows.extend(range(row, row + entry.num_tokens))
@@ -105,6 +112,7 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
         meta=meta,
         logits_rows=torch.tensor(logits_rows + verify_rows, dtype=torch.long, device=device),
         sampling_entries=sampling_entries, verify_entries=verify_entries,
+        pooling_entries=pooling_entries,
     )
 
 

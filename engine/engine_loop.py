@@ -26,7 +26,9 @@ from .async_steps import AsyncSteps
 from .engine_setup import build_engine_parts
 from .errors import InvalidRequestError
 from .output_router import OutputRouter
+from .outputs import RequestStatus
 from .pause_gate import PauseGate
+from .pooling_step import add_part, embedding_of
 from .requests import RequestState
 from .runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
@@ -321,7 +323,21 @@ class EngineLoop:
                 self._let_go(request)
         for entry, verdict in launched.verified:
             news.append(self._settle(entry, verdict))
+        for entry, part in launched.pooled:
+            request = entry.request
+            request.pooled = add_part(request.pooled, part, request.pooling)
+        for entry in launched.pooling_done:
+            news.append(self._embedded(entry.request))
         return news
+
+    def _embedded(self, request: RequestState) -> RequestState:
+        """An embedding request whose whole prompt has run: its vector, and done."""
+        request.embedding = embedding_of(request.pooled, request.pooling,
+                                         len(request.prompt_ids))
+        request.pooled = None
+        request.status, request.finish_reason = RequestStatus.FINISHED, "stop"
+        self._let_go(request)
+        return request
 
     def _settle(self, entry, verdict: Verdict) -> RequestState:
         """A verify entry's outcome: its accepted drafts and one token more appended

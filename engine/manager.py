@@ -31,6 +31,7 @@ from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from .generation_config import GenerationConfig, SamplingParams, resolve_eos
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
 from .outputs import GenerationOutput
+from .pooling import Pooling
 from .output_router import OutputRouter
 from .requests import RequestState
 
@@ -83,12 +84,21 @@ class ContinuousBatchingManager:
 
         `grammar=` (among the keyword arguments, beside the sampling ones):
         constrained decoding; the output matches it (a GrammarSpec, or one compiled
-        already by `compile_grammar` to share it across requests)."""
+        already by `compile_grammar` to share it across requests). `pooling=` (a
+        Pooling): an embedding request, whose output carries `embedding` and no tokens
+        (pooling.py)."""
         if not self.loop.is_driver:
             return None
         grammar = logit_processor_kwargs.pop("grammar", None)
-        request = self._make_request(input_ids, request_id, max_new_tokens, streaming,
+        pooling = logit_processor_kwargs.pop("pooling", None)
+        if pooling is not None and not isinstance(pooling, Pooling):
+            raise InvalidRequestError(f"pooling: a Pooling, got {pooling!r}")
+        if pooling is not None and grammar is not None:
+            raise InvalidRequestError("pooling: an embedding request takes no grammar")
+        request = self._make_request(input_ids, request_id,
+                                     1 if pooling is not None else max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
+        request.pooling = pooling
         if grammar is not None:
             request.grammar = self._compiled(grammar).new_matcher(request.eos_token_ids)
         with self.loop.submit_lock:

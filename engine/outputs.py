@@ -55,6 +55,8 @@ class GenerationOutput:
     """Speculative decoding: draft tokens this request's verify steps judged."""
     num_accepted_tokens: int = 0
     """Of those, how many it kept."""
+    embedding: list[float] | None = None
+    """An embedding request's pooled vector (engine/pooling.py), once finished."""
 
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.FAILED)

@@ -13,6 +13,7 @@ from typing import Any
 from .generation_config import SamplingParams
 from .grammar import GrammarMatcher
 from .outputs import GenerationOutput, RequestStatus
+from .pooling import Pooling
 
 
 @dataclass(eq=False)
@@ -64,6 +65,12 @@ class RequestState:
     grammar: GrammarMatcher | None = None
     """Constrained decoding: what the output must match (grammar.py); its matcher
     advances with every generated token."""
+    pooling: Pooling | None = None
+    """An embedding request (pooling.py): prefill only, then `embedding`."""
+    pooled: Any = None
+    """The pooled hidden state so far (a tensor of the runner's: a running sum for
+    mean pooling), kept by the engine loop between the prompt's chunks."""
+    embedding: list[float] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -134,4 +141,5 @@ class RequestState:
             first_scheduled_time=self.first_scheduled_time,
             timestamps=list(self.timestamps) if self.record_timestamps else None,
             num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
+            embedding=self.embedding,
         )

@@ -13,6 +13,7 @@ from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
 from .grammar_masks import NO_MASKS, GrammarMasks, PendingMasks, apply_masks
+from .pooling_step import pooled_parts
 from .distributed import StepPlan, StepSync, to_device
 from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
 from .kv_cache.sizing import CacheSizing
@@ -128,13 +129,16 @@ class ModelRunner:
         requests = [] if inputs is None else \
             [batch.entries[i].request for i in inputs.sampling_entries]
         verifying = [] if inputs is None else [batch.entries[i] for i in inputs.verify_entries]
+        pooling = () if inputs is None else inputs.pooling_entries
         # grammar masks are computed while the forward pass runs (grammar_masks.py)
         masks = self.grammar_masks.start(requests, verifying) if requests or verifying \
             else NO_MASKS
         hidden = self._run_plan(plan)
+        pooled = [] if hidden is None else pooled_parts(hidden, batch, pooling)
+        done = [batch.entries[i] for i, _ in pooling if batch.entries[i].samples]
         if hidden is None or not (requests or verifying):
             masks.wait()
-            return LaunchedStep([], None)
+            return LaunchedStep([], None, pooled=pooled, pooling_done=done)
         logits = self.model.compute_logits(hidden[plan.inputs.logits_rows])   # [S + V, vocab]
         sample = None
         if requests:
@@ -142,7 +146,7 @@ class ModelRunner:
         else:
             masks.wait()
         verdicts = self._verdicts(logits[len(requests):], verifying, masks) if verifying else []
-        return LaunchedStep(requests, sample, verdicts)
+        return LaunchedStep(requests, sample, verdicts, pooled, done)
 
     def _verdicts(self, logits: torch.Tensor, verifying: list[ScheduledRequest],
                   masks: PendingMasks) -> list:
@@ -242,6 +246,11 @@ class LaunchedStep:
     sample: PendingSample | None
     verified: list[tuple[ScheduledRequest, Verdict]] = ()
     """Each entry with drafts and what its verify rows decided (on the host)."""
+    pooled: list[tuple[ScheduledRequest, torch.Tensor]] = ()
+    """Each embedding request's chunk and its part of the pooled state
+    (pooling_step.pooled_parts)."""
+    pooling_done: list[ScheduledRequest] = ()
+    """The embedding requests' chunks that ended their prompt this step."""
 
     def result(self) -> SampleResult | None:
         """The picks on the host (waits for the device)."""

@@ -164,6 +164,8 @@ class Scheduler:
         self.running.remove(request)
         self.blocks.offload(request)
         self.blocks.release(request)
+        if not request.offloaded_slots:
+            request.pooled = None      # an embedding request's rows will be fed again
         request.num_computed_tokens = 0
         request.status = RequestStatus.PENDING
         request.num_preemptions += 1
@@ -221,6 +223,8 @@ class _StepBuilder:
                     or request.status is RequestStatus.PENDING):
                 continue    # already in this batch, or preempted earlier in this loop
             remaining = request.num_tokens - request.num_computed_tokens
+            if remaining == 0:     # an embedding request's whole prompt ran: it ends when
+                continue           # its last step is read back (engine_loop.collect)
             if prefills is not None and (remaining > 1) != prefills:
                 continue
             num_tokens = min(remaining, self.budget - self.reserved)

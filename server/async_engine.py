@@ -203,9 +203,10 @@ class AsyncEngine:
 
     def submit(self, request_id: str, prompt_ids: list[int], *, max_new_tokens: int,
                streaming: bool, eos_token_id: list[int],
-               sampling: dict[str, Any]) -> RequestStream:
+               sampling: dict[str, Any], pooling: Any = None) -> RequestStream:
         """Queue one request; must run on the event loop thread (the handler is bound
-        to the running loop). Raises OpenAIError when the engine refuses it."""
+        to the running loop). Raises OpenAIError when the engine refuses it.
+        `pooling` (an engine Pooling): an embedding request."""
         if self.draining:
             raise OpenAIError("The server is shutting down.", status_code=503,
                               code="server_shutting_down")
@@ -219,7 +220,7 @@ class AsyncEngine:
             accepted = self.manager.add_request(
                 prompt_ids, request_id=request_id, max_new_tokens=max_new_tokens,
                 streaming=streaming, record_timestamps=True, eos_token_id=eos_token_id,
-                **sampling)
+                **sampling, **({} if pooling is None else {"pooling": pooling}))
         except RequestTooLongError as exc:
             self.manager.cancel_request(request_id)
             raise bad_request(str(exc), param="max_tokens", code="context_length_exceeded") from None

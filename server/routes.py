@@ -21,6 +21,7 @@ from .prompts import check_token_ids, encode_text, render_chat
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_chat import create_chat_completion
 from .serving_completions import create_completion
+from .serving_embeddings import create_embeddings
 from .serving_responses import create_response
 from .state import ServingState
 
@@ -45,6 +46,11 @@ async def completions(request: Request) -> Response:
 @api.post("/v1/responses")
 async def responses(request: Request) -> Response:
     return await create_response(request, serving_state(request))
+
+
+@api.post("/v1/embeddings")
+async def embeddings(request: Request) -> Response:
+    return await create_embeddings(request, serving_state(request))
 
 
 @api.get("/v1/responses/{response_id}")

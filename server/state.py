@@ -10,7 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import Pooling
+
 from .async_engine import AsyncEngine
+from .embedding_pooling import checkpoint_pooling
 from .chat_format import ChatFormat, build_chat_format
 from .errors import model_not_found
 from .metrics import ServerMetrics
@@ -44,6 +47,8 @@ class ServingState:
     chat_format: ChatFormat
     """The chat template, the tool-call family and reasoning support (chat_format.py)."""
     metrics: ServerMetrics | None = None
+    embedding_pooling: Pooling = field(default_factory=Pooling)
+    """How /v1/embeddings pools (embedding_pooling.py)."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 1.0))
     """Stored /v1/responses (responses_store.py); build_state sizes it from settings."""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -80,5 +85,6 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
                             tokenizer, settings.chat_template, settings.tool_parser,
                             settings.parse_special_tokens_in_messages),
                         metrics=ServerMetrics(engine, settings.model_name),
+                        embedding_pooling=checkpoint_pooling(settings.model),
                         responses=ResponseStore(settings.responses_store_size,
                                                 settings.responses_store_ttl_s))

@@ -123,8 +123,9 @@ class BlockManager:
         ended requests); its tokens count as computed too; the caller passes the returned PartialPrefix to
         `copy_partial_prefix` once the request has its blocks, or to `give_back` when
         it does not get them."""
-        if not self.allocator.enable_caching:
-            return None
+        if not self.allocator.enable_caching or (request.pooling is not None
+                                                 and request.pooling.kind != "last"):
+            return None    # mean and first-token pooling read every prompt row's state
         tokens = request.all_tokens()
         extend_block_hashes(request.block_hashes, tokens, self.page_size)
         usable = (len(tokens) - 1) // self.page_size
