@@ -98,3 +98,13 @@ def test_a_chat_beside_embeddings_keeps_its_answer(server, sdk):
     vectors = sdk.embeddings.create(model=MODEL, input=TEXTS * 16, encoding_format="float")
     beside = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert beside == alone and len(vectors.data) == 64
+
+
+def test_bench_embed_load_runs_both_phases(server):
+    from bench.embed_load import main
+
+    report = main(["--base-url", server.base_url, "--api-key", API_KEY, "--streams", "2",
+                   "--output-len", "24", "--inputs", "16", "--batch", "8", "--delay", "0.2"])
+    assert [p["kind"] for p in report["phases"]] == ["embeddings", "completions"]
+    assert all(p["batch_errors"] == 0 and p["stream_errors"] == 0 and p["itl_ms"]["p50"]
+               for p in report["phases"])
