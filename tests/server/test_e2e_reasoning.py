@@ -124,3 +124,29 @@ def test_required_tool_calls_after_thinking_streamed_and_not(thinker):
                 finish = part["finish_reason"] or finish
     assert finish == "tool_calls" and isinstance(json.loads(arguments)["city"], str)
     assert "</think>" not in reasoning
+
+
+def test_anthropic_messages_carry_thinking_blocks(thinker):
+    """The same thinking model through /v1/messages: the reasoning is a `thinking`
+    block before the tool_use, whole and streamed (thinking_delta, then
+    input_json_delta in a block of its own); `thinking: disabled` reaches the template."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=thinker.base_url, api_key="k", max_retries=0)
+    tools = [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]
+    ask = {"model": "claude-any", "max_tokens": 80, "tools": tools,
+           "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "Weather?"}]}
+    message = client.messages.create(**ask)
+    kinds = [block.type for block in message.content]
+    assert kinds[0] == "thinking" and "tool_use" in kinds and message.stop_reason == "tool_use"
+    assert "</think>" not in message.content[0].thinking
+    with client.messages.stream(**ask) as stream:
+        deltas = [(event.index, event.delta.type) for event in stream
+                  if event.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert deltas[0] == (0, "thinking_delta")
+    assert {kind for index, kind in deltas if index > 0} == {"input_json_delta"}
+    assert final.content[0].type == "thinking" and final.content[-1].type == "tool_use"
+    plain = client.messages.create(model="m", max_tokens=20, thinking={"type": "disabled"},
+                                   messages=[{"role": "user", "content": "hi"}])
+    assert [block.type for block in plain.content] in (["text"], [])
