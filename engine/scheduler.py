@@ -150,6 +150,9 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """Build the next batch, or None when there is nothing to run."""
         self.blocks.begin_step()
+        if self.proposer is not None:      # drafts of every decoding request, at once
+            self.proposer.prepare([r for r in self.running
+                                   if r.status is RequestStatus.DECODING], len(self.running))
         step = _StepBuilder(self)
         SCHEDULER_MAPPING[self.policy](step)
         if not step.entries and not (self.blocks.swap_out or self.blocks.swap_in):

@@ -5,8 +5,9 @@ over a paged KV cache of its own.
 Per request the draft keeps a shadow RequestState: its tokens are the target
 request's (prompt and accepted output) followed by the drafts it proposed last, and
 its num_computed_tokens counts the leading positions whose K/V in the draft's cache
-belong to those tokens. Each call (one per decoding request and step, on the engine
-thread, from the scheduler):
+belong to those tokens. Before each step is built (`prepare`, on the engine thread,
+from the scheduler) every decoding request that may take drafts gets them, all the
+requests' draft steps batched together:
 
 1. sync: the shadow takes the request's tokens; the positions still valid are those
    both sequences share (accepted drafts stay valid, rejected ones do not);
@@ -20,11 +21,11 @@ request now reads [a b c d x], so a b c d stay valid, one step feeds x (position
 and picks y, then y and z are fed one at a time: drafts [y z w].
 
 Greedy picks are a point mass, so sampled requests keep their distribution through
-the verify step's rejection sampling as with any deterministic proposer. A request
-runs its own draft steps (a batch of one): at concurrency 1, where drafts pay, that
-is the whole batch. Its cache holds as many tokens as the target's, at most a
-quarter of the target cache's bytes; a request whose pages cannot be had gets no
-drafts that step.
+the verify step's rejection sampling as with any deterministic proposer. A step of
+the draft feeds every request still short of its allowance (the catch-up step the
+tokens each needs, the later ones one token each). The draft's cache holds as many
+tokens as the target's, at most a quarter of the target cache's bytes; a request
+whose pages cannot be had gets no drafts that step.
 """
 
 from __future__ import annotations
@@ -61,24 +62,48 @@ class DraftModelProposer(NgramProposer):
         self.allocator = BlockAllocator(num_blocks)
         self.page_size = sizing.page_size
         self.shadows: dict[str, RequestState] = {}
+        self.prepared: dict[str, list[int]] = {}
+        self.num_steps = 0
+        """Forward passes of the draft so far."""
+        """request id -> drafts `prepare` made for the step being built."""
         logger.info("draft model: %d cache blocks of %d tokens", num_blocks, self.page_size)
 
+    def prepare(self, requests: list[RequestState], batch_size: int) -> None:
+        wanted = [(request, limit) for request in requests
+                  if (limit := self.limit(request, batch_size)) > 0]
+        self.prepared = self._draft_together(wanted) if wanted else {}
+
     def _propose(self, request: RequestState, limit: int) -> list[int]:
-        shadow = self._sync(request)
-        if not self._pages_for(shadow, request.num_tokens + limit):
-            return []
-        drafts: list[int] = []
-        start, end = shadow.num_computed_tokens, request.num_tokens
-        if start == end:            # nothing new: the last token again, for its logits
-            start -= 1
-        while len(drafts) < limit:
-            batch = ScheduledBatch([ScheduledRequest(shadow, start, end - start, True)], [])
+        drafts = self.prepared.pop(request.request_id, None)
+        if drafts is None:              # not prepared this step: drafted alone
+            drafts = self._draft_together([(request, limit)]).get(request.request_id, [])
+        return drafts[:limit]
+
+    def _draft_together(self, wanted: list[tuple[RequestState, int]]) -> dict[str, list[int]]:
+        """request id -> its drafts, up to its limit, the requests' draft steps
+        batched: the first feeds each shadow's positions past its valid ones (at least
+        its last token, for the logits), each later one the previous drafts."""
+        active = []               # (request id, shadow, limit, start, end)
+        for request, limit in wanted:
+            shadow = self._sync(request)
+            if self._pages_for(shadow, request.num_tokens + limit):
+                end = request.num_tokens
+                active.append((request.request_id, shadow, limit,
+                               min(shadow.num_computed_tokens, end - 1), end))
+        drafts: dict[str, list[int]] = {rid: [] for rid, *_ in active}
+        while active:
+            batch = ScheduledBatch([ScheduledRequest(shadow, start, end - start, True)
+                                    for _, shadow, _, start, end in active], [])
             _, result = self.runner.step(batch)
-            token = result.token_ids[0]
-            drafts.append(token)
-            shadow.generated_tokens.append(token)
-            shadow.num_computed_tokens = end
-            start, end = end, end + 1
+            self.num_steps += 1
+            still = []
+            for (rid, shadow, limit, _, end), token in zip(active, result.token_ids):
+                drafts[rid].append(token)
+                shadow.generated_tokens.append(token)
+                shadow.num_computed_tokens = end
+                if len(drafts[rid]) < limit:
+                    still.append((rid, shadow, limit, end, end + 1))
+            active = still
         return drafts
 
     def _sync(self, request: RequestState) -> RequestState:

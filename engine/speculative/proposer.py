@@ -53,16 +53,31 @@ class NgramProposer:
         self.limits: dict[str, int] = {}
         """request id -> drafts allowed next (after its first verify step)."""
 
+    def prepare(self, requests: list[RequestState], batch_size: int) -> None:
+        """Before a step is built: the decoding requests that may take drafts in it
+        (a proposer that drafts them together does it here; prompt lookup needs not)."""
+
+    def limit(self, request: RequestState, batch_size: int, budget: int | None = None) -> int:
+        """How many drafts the request may take now (0: none): its allowance, never
+        past max_new_tokens or `budget`; none for a request that does not speculate or
+        past disable_by_batch_size running requests."""
+        config = self.config
+        left = request.max_new_tokens - len(request.generated_tokens) - 1
+        limit = min(self.limits.get(request.request_id, config.num_speculative_tokens), left)
+        if budget is not None:
+            limit = min(limit, budget)
+        if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
+                                                       and batch_size >= config.disable_by_batch_size)):
+            return 0
+        return limit
+
     def drafts(self, request: RequestState, budget: int, batch_size: int) -> tuple[int, ...]:
         """Up to `budget` drafts for a decoding request (fewer near max_new_tokens;
         none past disable_by_batch_size running requests or for requests that do not
         speculate)."""
-        config = self.config
+        limit = self.limit(request, batch_size, budget)
         left = request.max_new_tokens - len(request.generated_tokens) - 1
-        limit = min(self.limits.get(request.request_id, config.num_speculative_tokens),
-                    budget, left)
-        if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
-                                                       and batch_size >= config.disable_by_batch_size)):
+        if limit <= 0:
             return ()
         drafts = tuple(self._propose(request, limit))
         if drafts and request.grammar is not None:

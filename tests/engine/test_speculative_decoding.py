@@ -123,6 +123,8 @@ def test_a_draft_model_keeps_the_greedy_tokens(tiny_models):
             manager.check_invariants()
             proposer = manager.loop.scheduler.proposer
             assert not proposer.shadows
+            drafted = sum(r.num_draft_tokens for r in results.values())
+            assert proposer.num_steps < drafted / 2        # the requests' steps batched
             assert proposer.allocator.num_free_blocks == proposer.allocator.num_blocks
         finally:
             manager.stop()
