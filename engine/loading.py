@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from .gguf_check import GGUFError, check_gguf_file
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = {
@@ -181,10 +183,15 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     logger.info("reading the config and tokenizer of %s (first start only)", path.name)
+    check_gguf_file(path)              # every range inside the file before gguf-py reads it
     _forget_gone_sources(target.parent)
     _remove_converted_copies(cache_dir)
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as error:   # a well-formed file whose metadata transformers refuses
+        raise GGUFError(f"{path}: its config or tokenizer cannot be read "
+                        f"({type(error).__name__}: {error})") from error
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ..gguf_check import GGUFError, check_gguf
 from ..kernels.block_types import GGML_TYPES
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -94,14 +95,18 @@ def read_block_tensors(path: Path) -> list[GGUFTensor]:
 
 def read_gguf_file(path: Path) -> GGUFFile:
     """The file's architecture and tensors, as views of the mapped file (the mapping
-    lives as long as a view does). ValueError for a file this reader cannot read (not
-    GGUF v2/v3 little-endian, truncated, a tensor type gguf-py does not know)."""
+    lives as long as a view does). GGUFError (a ValueError, engine/gguf_check.py) for
+    a file this reader cannot read: damaged, truncated, not GGUF v2/v3 little-endian,
+    or a tensor type gguf-py does not know."""
     with open(path, "rb") as file:
+        if file.seek(0, 2) == 0:
+            raise GGUFError(f"{path}: the file is empty")
         buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    check_gguf(str(path), buffer)      # every range proven inside the file first
     try:
         return _read(path, buffer)
     except (struct.error, KeyError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: malformed GGUF ({error})") from error
+        raise GGUFError(f"{path}: malformed GGUF ({error})") from error
 
 
 def _read(path: Path, buffer) -> GGUFFile:
