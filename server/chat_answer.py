@@ -86,6 +86,13 @@ class AnswerStream:
         parts = self._thinking.feed(text) if self._thinking else [("content", text)]
         return self._deltas(parts, finishing=False)
 
+    def step(self, delta) -> list[dict[str, Any]]:
+        """The deltas of one ChoiceDelta: its text fed, then the finish when it ends."""
+        parts = self.feed(delta.text) if delta.text else []
+        if delta.finish_reason is not None:
+            parts += self.finish()
+        return parts
+
     def finish(self) -> list[dict[str, Any]]:
         if self._plain:
             return []

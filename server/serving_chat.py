@@ -142,9 +142,7 @@ class _ChatJob:
                     if delta.text:        # the common chunk: text alone
                         yield text_chunk(index, delta.text)
                     continue  # else tokens held back (partial character or stop prefix)
-                parts = answer.feed(delta.text) if delta.text else []
-                if delta.finish_reason is not None:
-                    parts += answer.finish()
+                parts = answer.step(delta)
                 logprobs = chat_logprobs(delta, self.state.token_texts) if plan.logprobs else None
                 for part in parts[:-1] if delta.finish_reason is not None or logprobs else parts:
                     yield self._chunk(index, part)

@@ -140,10 +140,7 @@ class _ResponseJob:
         try:
             async with contextlib.aclosing(merge_deltas(self.choices, self.run)) as deltas:
                 async for _, delta in deltas:
-                    parts = answer.feed(delta.text) if delta.text else []
-                    if delta.finish_reason is not None:
-                        parts += answer.finish()
-                    for part in parts:
+                    for part in answer.step(delta):
                         for item in events.delta(part):
                             yield item
         except OpenAIError as error:

@@ -107,20 +107,25 @@ class DraftModelProposer(NgramProposer):
         return drafts
 
     def _sync(self, request: RequestState) -> RequestState:
-        """The request's shadow holding its tokens, valid positions counted."""
-        tokens = request.all_tokens()
+        """The request's shadow holding its tokens, valid positions counted. The
+        shadow's prompt_ids are the request's tokens at the last sync, which never
+        change: only its drafts are compared with the tokens the request gained since,
+        so a step costs the new tokens, not the context."""
         shadow = self.shadows.get(request.request_id)
         if shadow is None:
             shadow = self.shadows[request.request_id] = RequestState(
-                f"draft-{request.request_id}", list(tokens), request.max_new_tokens, (),
-                SamplingParams())
+                f"draft-{request.request_id}", request.all_tokens(), request.max_new_tokens,
+                (), SamplingParams())
             return shadow
-        old = shadow.all_tokens()
-        valid = 0
-        limit = min(shadow.num_computed_tokens, len(tokens))
-        while valid < limit and old[valid] == tokens[valid]:
-            valid += 1
-        shadow.prompt_ids, shadow.generated_tokens = list(tokens), []
+        real = len(shadow.prompt_ids)
+        new = request.tokens_between(real, request.num_tokens)
+        valid = min(shadow.num_computed_tokens, real)
+        if valid == real:           # its fed drafts hold K/V as far as the request kept them
+            drafts, fed = shadow.generated_tokens, shadow.num_computed_tokens - real
+            while valid - real < min(fed, len(new)) and drafts[valid - real] == new[valid - real]:
+                valid += 1
+        shadow.prompt_ids.extend(new)
+        shadow.generated_tokens = []
         shadow.num_computed_tokens = valid
         return shadow
 

@@ -119,10 +119,7 @@ class _MessageJob:
         try:
             async with contextlib.aclosing(merge_deltas(self.chat.choices, self.run)) as deltas:
                 async for _, delta in deltas:
-                    parts = answer.feed(delta.text) if delta.text else []
-                    if delta.finish_reason is not None:
-                        parts += answer.finish()
-                    for part in parts:
+                    for part in answer.step(delta):
                         for item in blocks.feed(part):
                             yield item
         except OpenAIError as exc:
