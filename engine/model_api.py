@@ -42,6 +42,11 @@ class EngineModel:
         self.tp_group = module.tp_group
         """TensorParallelGroup when the weights are sharded over torchrun ranks."""
 
+    def load_beside(self, spec: Any) -> "EngineModel":
+        """Another model on this one's device (a speculative draft: draft_model.py),
+        loaded here so the engine's parts never import the loader back."""
+        return load_model(spec, device=self.device, progress=False)
+
     def _resolve_generation_config(self, generation_config) -> GenerationConfig:
         if generation_config is None:
             return self.generation_config

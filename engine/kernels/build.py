@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache_folder import usable_cache_dir
 from .isa import IsaLevel, cpu_features, selected_level
 from .native import NativeKernels
 
@@ -84,9 +85,7 @@ def load_native_kernels(cache_dir: Path | None = None,
     under KVSERVE_CPU_ISA), or None when they cannot be built here (any thread)."""
     if os.environ.get("KVSERVE_NATIVE_KERNELS", "1") == "0":
         return None
-    from ..loading import default_cache_dir
-
-    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    root = usable_cache_dir(cache_dir)
     level = level or selected_level()
     with _lock:
         if (str(root), level.name) in _loaded:

@@ -150,9 +150,7 @@ def load_draft_proposer(config: SpeculativeConfig, target, target_sizing: CacheS
                         ) -> DraftModelProposer:
     """Load `config.model` beside `target` (same device, its dtype's mode) and check
     it proposes in the target's vocabulary; ValueError naming the setting if not."""
-    from ..model_api import load_model
-
-    draft = load_model(config.model, device=target.device, progress=False)
+    draft = target.load_beside(config.model)
     if draft.module.engine_spec().pooled_sliding:
         raise ValueError(f"speculative_config.model: {config.model} has sliding-window "
                          f"layers, which draft models do not support yet")
