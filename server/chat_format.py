@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import bad_request
+from .template_bounds import TemplateBounds, TemplateOverrun, render_within
 from .tool_formats import detect_format, tool_format
 
 
@@ -30,6 +31,8 @@ class ChatFormat:
     control: tuple[str, ...] = ()
     """Added-token texts, longest first; empty when contents may spell them
     (`parse_special_tokens_in_messages`)."""
+    bounds: TemplateBounds = TemplateBounds()
+    """Time, memory and size a render may take (template_bounds.py)."""
 
     def spells_control_token(self, content: str) -> bool:
         return any(token in content for token in self.control)
@@ -53,12 +56,24 @@ class ChatFormat:
             raise bad_request("This model has no chat template; use /v1/completions.",
                               param="messages")
         try:
-            return tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                chat_template=template, **extra)
+            return self.bounded_render(tokenizer, template, messages, add_generation_prompt,
+                                       extra)
+        except TemplateOverrun as overrun:
+            raise bad_request(f"The chat template was stopped: {overrun}.",
+                              param="messages") from None
+        except MemoryError:      # one operation asked for more than the host has
+            raise bad_request("The chat template was stopped: its output does not fit in "
+                              "memory.", param="messages") from None
         except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates
             raise bad_request(f"The chat template rejected the messages: {exc}",
                               param="messages") from None
+
+    def bounded_render(self, tokenizer: Any, template: str, messages: list[dict],
+                       add_generation_prompt: bool, extra: dict[str, Any]) -> str:
+        """The template's text within self.bounds (TemplateOverrun past them)."""
+        return render_within(lambda: tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat_template=template, **extra), self.bounds)
 
 
 def build_chat_format(tokenizer: Any, template_file: str | None, tool_parser: str,
@@ -71,4 +86,20 @@ def build_chat_format(tokenizer: Any, template_file: str | None, tool_parser: st
     control = () if parse_special_tokens else tuple(sorted(
         {t.content for t in tokenizer.added_tokens_decoder.values() if t.content},
         key=len, reverse=True))
-    return ChatFormat(template, tool_format(family), "<think>" in text, control)
+    chat_format = ChatFormat(template, tool_format(family), "<think>" in text, control)
+    if text:
+        _probe(chat_format, tokenizer, text)
+    return chat_format
+
+
+def _probe(chat_format: ChatFormat, tokenizer: Any, template: str) -> None:
+    """Render one short message at start: a template that runs past its bounds on it
+    would stall every chat, so the server refuses it now, naming the bound. Other
+    refusals (a template that wants a system message first) are left to requests."""
+    try:
+        chat_format.bounded_render(tokenizer, template, [{"role": "user", "content": "Hello"}],
+                                   True, {})
+    except TemplateOverrun as overrun:
+        raise ValueError(f"chat template refused at start: {overrun}") from None
+    except Exception:  # noqa: BLE001 - judged per request, as before
+        pass
