@@ -242,3 +242,36 @@ def test_speculation_under_a_grammar_keeps_the_plain_tokens(model):
     assert all(valid_person(model.tokenizer.decode(t)) for t in plain)
     assert stats["spec_num_accepted_tokens"] > 20, stats
 
+
+
+def _binary_tree(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):        # the same subtree twice: 2**depth leaves once expanded
+        schema = {"type": "object", "properties": {"a": schema, "b": schema},
+                  "required": ["a", "b"]}
+    return schema
+
+
+HUGE = {
+    "a tree of 16,384 leaves": (_binary_tree(14), "schema too large"),
+    "500 nested arrays": ('{"type": "array", "items": ' * 500 + '{"type": "string"}'
+                          + "}" * 500, "recursion limit exceeded"),
+    "an enum of 100,000 strings": ({"enum": [f"value-{i}" for i in range(100_000)]},
+                                   "too big"),
+    "20,000 properties": ({"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(20_000)}}, "schema too large"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE))
+def test_grammars_too_large_to_compile_are_refused_quickly(model, name):
+    """llguidance's limits (grammar size, lexer fuel, nesting) bound a compile; the
+    server runs compiles off the event loop (structured_output.py), so one that
+    takes its time stalls no other request."""
+    import time
+
+    schema, reason = HUGE[name]
+    started = time.monotonic()
+    with pytest.raises(InvalidRequestError, match=reason):
+        model.grammars.compile(GrammarSpec("json_schema", schema))
+    assert time.monotonic() - started < 10.0
