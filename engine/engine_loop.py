@@ -331,9 +331,10 @@ class EngineLoop:
         return news
 
     def _embedded(self, request: RequestState) -> RequestState:
-        """An embedding request whose whole prompt has run: its vector, and done."""
+        """An embedding request whose whole prompt has run: its vector (or label
+        logits), and done."""
         request.embedding = embedding_of(request.pooled, request.pooling,
-                                         len(request.prompt_ids))
+                                         len(request.prompt_ids), self.runner.classify)
         request.pooled = None
         request.status, request.finish_reason = RequestStatus.FINISHED, "stop"
         self._let_go(request)

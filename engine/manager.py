@@ -68,6 +68,9 @@ class ContinuousBatchingManager:
         self._ids = itertools.count()
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = getattr(model.config, "max_position_embeddings", None)
+        self.num_labels = model.module.engine_spec().num_labels
+        """A sequence classifier's labels (model_spec.py): it takes pooling requests
+        only. None: a causal LM, which takes no classifying ones."""
         self.grammars: GrammarCompiler = model.grammars
         """Compiles `grammar=` specs against the model's tokenizer (grammar.py)."""
 
@@ -95,6 +98,7 @@ class ContinuousBatchingManager:
             raise InvalidRequestError(f"pooling: a Pooling, got {pooling!r}")
         if pooling is not None and grammar is not None:
             raise InvalidRequestError("pooling: an embedding request takes no grammar")
+        self._check_head(pooling)
         request = self._make_request(input_ids, request_id,
                                      1 if pooling is not None else max_new_tokens, streaming,
                                      record_timestamps, eos_token_id, logit_processor_kwargs)
@@ -111,6 +115,16 @@ class ContinuousBatchingManager:
                                      "engine can admit now (max_queue_size)")
             self.loop.submit(request)
         return request.request_id
+
+    def _check_head(self, pooling: Pooling | None) -> None:
+        """A request the model's heads can answer: tokens from a causal LM only, label
+        logits from a classifier only, vectors from both."""
+        if self.num_labels is None and pooling is not None and pooling.classify:
+            raise InvalidRequestError("pooling.classify: this model has no sequence-"
+                                      "classification head")
+        if self.num_labels is not None and pooling is None:
+            raise InvalidRequestError("this model is a sequence classifier (no LM head): it "
+                                      "takes pooling requests only")
 
     def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
         """Any thread. Validate and compile a grammar once (InvalidRequestError naming

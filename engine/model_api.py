@@ -47,6 +47,11 @@ class EngineModel:
         loaded here so the engine's parts never import the loader back."""
         return load_model(spec, device=self.device, progress=False)
 
+    @property
+    def generates(self) -> bool:
+        """Whether the model can generate text: a sequence classifier has no LM head."""
+        return self.module.engine_spec().num_labels is None
+
     def _resolve_generation_config(self, generation_config) -> GenerationConfig:
         if generation_config is None:
             return self.generation_config
@@ -192,7 +197,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                tokenizer: Any = None, tp_size: int = 1,
                cpu_group_timeout: float | None = 300.0,
                block_kernels: bool = True, kv_cache_dtype: str = "auto") -> EngineModel:
-    """Load a model for the engine; see engine.loading for the accepted specs.
+    """Load a model for the engine; see engine.loading for the accepted specs. An
+    encoder checkpoint (BERT-like: encoder.ENCODER_MODEL_TYPES) gives an EncoderModel,
+    which serves embedding requests only (engine/encoder).
 
     `dtype`: "auto" (float32 on CPU, the checkpoint's bf16/fp16 on accelerators, else
     bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
@@ -218,6 +225,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     from .loading import (check_quantization, gguf_source, load_tokenizer, read_config,
                           resolve_model_dir, return_freed_memory)
     from .models import has_own_code
+    from .encoder import is_encoder_config, load_encoder
+    from .models.classifier_head import check_classifier_family
     from .models.method_choice import choose_linear_methods
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
@@ -236,7 +245,11 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
         generation_config = _generation_config_from(model_dir, config)
         if tokenizer is None:       # importing transformers for it: beside the weights
             tokenizer_loading = _in_background(load_tokenizer, model_dir)
+        if is_encoder_config(config):         # BERT-like: its own small engine
+            return load_encoder(model_dir, config, dtype, device,
+                                tokenizer or tokenizer_loading.result(), tp_size)
     check_quantization(config)
+    check_classifier_family(config)
     plan, native = _plan(dtype, source, config, device, tp_size, block_kernels, kv_cache_dtype,
                          cache_dir)
     logger.info("load plan:\n%s", plan.table())

@@ -30,7 +30,10 @@ class EngineModelSpec:
     only (None: no sliding layers). `kv_cache_dtype`: the cache's element type the
     load chose (None: the device's default, see kv_dtype). `hidden_size`,
     `intermediate_size`: the activations' sizes, for the cache's memory budget;
-    `max_context`: the model's longest context (None: unbounded)."""
+    `max_context`: the model's longest context (None: unbounded). `num_labels`: the
+    labels of a sequence-classification checkpoint's head (classifier_head.py); such
+    a model has no LM head and serves classifying pooling requests (None: a causal
+    LM)."""
 
     num_layers: int
     num_kv_heads: int
@@ -41,6 +44,7 @@ class EngineModelSpec:
     hidden_size: int
     intermediate_size: int
     max_context: int | None = None
+    num_labels: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in (("num_layers", self.num_layers),
@@ -59,6 +63,9 @@ class EngineModelSpec:
                              f"{self.sliding_window!r}")
         if any(self.layer_is_sliding) and self.sliding_window is None:
             raise ValueError("EngineModelSpec.sliding_window: sliding layers need a window")
+        if self.num_labels is not None and self.num_labels < 1:
+            raise ValueError(f"EngineModelSpec.num_labels must be positive or None, got "
+                             f"{self.num_labels!r}")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"EngineModelSpec.max_context must be positive or None, got "
                              f"{self.max_context!r}")
@@ -90,7 +97,7 @@ class EngineModule(Protocol):
     KV cache layer each), the attention implementation chosen for it
     (`attn_backend`: attention/backend.py's switch_to_cb_friendly_attn sets it; each
     runner takes it at construction and passes it into every forward), its spec, the
-    forward pass and the logits."""
+    forward pass and the logits (or a classifier's scores)."""
 
     layers: object
     attn_backend: object
@@ -106,4 +113,9 @@ class EngineModule(Protocol):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
+        ...
+
+    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> fp32 classification logits [N, num_labels]; only models whose
+        spec has num_labels."""
         ...

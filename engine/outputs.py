@@ -56,7 +56,8 @@ class GenerationOutput:
     num_accepted_tokens: int = 0
     """Of those, how many it kept."""
     embedding: list[float] | None = None
-    """An embedding request's pooled vector (engine/pooling.py), once finished."""
+    """An embedding request's pooled vector (engine/pooling.py), once finished; a
+    classifying one's label logits ([num_labels])."""
 
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.FAILED)

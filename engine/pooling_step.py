@@ -8,11 +8,14 @@ hidden states [T, hidden]):
     mean   the sum of the chunk's rows (the engine loop adds the chunks' sums)
     cls    row r0, if the chunk starts at position 0, else nothing
 
-and once the prompt is done: mean divides by the prompt's length, normalize scales
-to unit L2 norm, in fp32.
+and once the prompt is done: mean divides by the prompt's length, then either
+normalize scales to unit L2 norm, in fp32, or (classify) the model's classification
+head turns the pooled state into its label logits.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -41,8 +44,13 @@ def add_part(pooled: torch.Tensor | None, part: torch.Tensor, pooling: Pooling) 
     return part if pooled is None or pooling.kind != "mean" else pooled + part
 
 
-def embedding_of(pooled: torch.Tensor, pooling: Pooling, num_tokens: int) -> list[float]:
+def embedding_of(pooled: torch.Tensor, pooling: Pooling, num_tokens: int,
+                 classify: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float]:
+    """The finished request's output: its vector, or (pooling.classify) the label
+    logits `classify` ([hidden] -> [num_labels]) gives for it."""
     vector = pooled / num_tokens if pooling.kind == "mean" else pooled
+    if pooling.classify:
+        return classify(vector).cpu().tolist()
     if pooling.normalize:
         vector = torch.nn.functional.normalize(vector, dim=0)
     return vector.cpu().tolist()

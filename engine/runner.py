@@ -231,6 +231,13 @@ class ModelRunner:
                                  paged_tables, self.decode_tables)
 
     @torch.inference_mode()
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """A pooled final hidden state [hidden] (fp32) -> the model's classification
+        head's fp32 logits [num_labels] (pooling.py, `classify`; only models whose
+        spec has num_labels)."""
+        return self.model.compute_scores(pooled.to(self.dtype)[None])[0]
+
+    @torch.inference_mode()
     def prompt_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits of every position of the batch's tokens [T, vocab] (parity checks)."""
         inputs = self._inputs(batch)

@@ -26,6 +26,7 @@ from .browser_safety import BrowserSafety
 from .connections import quiet_accept_errors
 from .errors import install_error_handlers
 from .memory import AllocatorTrimmer
+from .model_task import serving_task
 from .request_log import RequestLogMiddleware
 from .routes import api
 from .routes_ops import debug, ops
@@ -52,6 +53,7 @@ def load_engine_model(settings: ServerSettings) -> Any:
                        tp_size=settings.tp_size, kv_cache_dtype=settings.kv_cache_dtype)
     if model.tokenizer is None:
         raise RuntimeError(f"model {settings.model!r} has no tokenizer; the server needs one")
+    serving_task(settings.task, model, settings.model)    # a conflict stops the start
     return model
 
 

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", help="model: built-in name, HF directory, GGUF file or hub id")
     add("--gguf-file", help="with a hub id as --model: the repository's GGUF file to serve")
     add("--served-model-name", help="name clients send as `model` (default: --model)")
+    add("--task", help="generate or embed (embedding routes only); default: embed for "
+                       "encoders, classifiers and sentence-transformers checkpoints")
     add("--host", help="address to bind (default 127.0.0.1)")
     add("--port", type=int, help="port to bind (default 8000)")
     add("--api-key", nargs="+", metavar="KEY",

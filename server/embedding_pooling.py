@@ -5,7 +5,8 @@ its modules, a `sentence_transformers.models.Pooling` one names a folder whose
 `config.json` sets `pooling_mode_cls_token`, `pooling_mode_mean_tokens` or
 `pooling_mode_lasttoken`, and a `Normalize` module asks for unit vectors. Anything
 else (a plain decoder, a GGUF file, a built-in name) pools the last token and
-normalises, as decoder embedding models do.
+normalises, as decoder embedding models do; an encoder without that config takes
+the mean of its tokens (sentence-transformers' default), normalised.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ _MODES = (("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean
           ("pooling_mode_cls_token", "cls"))
 
 
-def checkpoint_pooling(model_spec: str) -> Pooling:
+def checkpoint_pooling(model_spec: str, encoder: bool = False) -> Pooling:
+    """`encoder`: the model is an encoder (BERT-like), whose default is the mean."""
     folder = Path(model_spec)
     modules_file = folder / "modules.json"
     if not folder.is_dir() or not modules_file.is_file():
-        return Pooling("last", normalize=True)
+        return Pooling("mean" if encoder else "last", normalize=True)
     modules = json.loads(modules_file.read_text())
     kinds = {module.get("type", "").rsplit(".", 1)[-1]: module.get("path", "")
              for module in modules}

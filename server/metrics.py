@@ -98,10 +98,10 @@ class EngineCollector:
                           stats["num_running"])
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for admission.",
                           stats["num_waiting"])
-        blocks = max(stats["num_blocks"], 1)
+        blocks = stats["num_blocks"]          # 0: an encoder, which has no KV cache
         yield self._gauge("vllm:kv_cache_usage_perc",
                           "KV cache usage: share of blocks held by requests (1 = full).",
-                          1.0 - stats["num_free_blocks"] / blocks)
+                          1.0 - stats["num_free_blocks"] / blocks if blocks else 0.0)
         for key, (name, documentation) in _ENGINE_GAUGES.items():
             yield self._gauge(name, documentation, stats[key])
         for key, (name, documentation) in _ENGINE_COUNTERS.items():

@@ -1,5 +1,6 @@
 """The API routes. Generation lives in serving_chat.py / serving_completions.py /
-serving_responses.py / anthropic/serving.py (Anthropic's Messages);
+serving_responses.py / anthropic/serving.py (Anthropic's Messages); embeddings,
+rerank and score in serving_embeddings.py / serving_rerank.py;
 the small endpoints (models, tokenize, detokenize) are answered here. The
 operational ones (health, ready, metrics) are in routes_ops.py.
 
@@ -22,6 +23,7 @@ from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_chat import create_chat_completion
 from .serving_completions import create_completion
 from .serving_embeddings import create_embeddings
+from .serving_rerank import create_rerank, create_score
 from .serving_responses import create_response
 from .state import ServingState
 
@@ -30,27 +32,46 @@ def serving_state(request: Request) -> ServingState:
     return request.app.state.serving
 
 
+def generating_state(request: Request) -> ServingState:
+    """The state, for a route that generates text: 400 when the server only embeds."""
+    state = serving_state(request)
+    state.check_generates()
+    return state
+
+
 api = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 @api.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    return await create_chat_completion(request, serving_state(request))
+    return await create_chat_completion(request, generating_state(request))
 
 
 @api.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    return await create_completion(request, serving_state(request))
+    return await create_completion(request, generating_state(request))
 
 
 @api.post("/v1/responses")
 async def responses(request: Request) -> Response:
-    return await create_response(request, serving_state(request))
+    return await create_response(request, generating_state(request))
 
 
 @api.post("/v1/embeddings")
 async def embeddings(request: Request) -> Response:
     return await create_embeddings(request, serving_state(request))
+
+
+@api.post("/v1/rerank")
+@api.post("/v2/rerank")
+@api.post("/rerank")
+async def rerank(request: Request) -> Response:
+    return await create_rerank(request, serving_state(request))
+
+
+@api.post("/v1/score")
+async def score(request: Request) -> Response:
+    return await create_score(request, serving_state(request))
 
 
 @api.get("/v1/responses/{response_id}")
@@ -73,7 +94,7 @@ def _key(request: Request, state: ServingState) -> str | None:
 
 @api.post("/v1/messages")
 async def messages(request: Request) -> Response:
-    return await create_message(request, serving_state(request))
+    return await create_message(request, generating_state(request))
 
 
 @api.post("/v1/messages/count_tokens")

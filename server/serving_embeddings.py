@@ -21,6 +21,8 @@ from typing import Any
 
 from fastapi import Request, Response
 
+from engine import Pooling
+
 from .body import parse_request
 from .errors import bad_request
 from .generation import GenerationFailed, RequestStream, is_failed, json_until_disconnect, new_id
@@ -33,24 +35,10 @@ async def create_embeddings(request: Request, state: ServingState) -> Response:
     body = await parse_request(request, EmbeddingRequest, state.settings.max_request_bytes)
     model = state.check_model(body.model)
     inputs = await asyncio.to_thread(_token_inputs, state, body)
-    request_id = new_id("embd")
-    streams: list[RequestStream] = []
-    try:
-        for i, ids in enumerate(inputs):
-            streams.append(state.engine.submit(f"{request_id}-{i}", ids, max_new_tokens=1,
-                                               streaming=False, eos_token_id=[], sampling={},
-                                               pooling=state.embedding_pooling))
-    except BaseException:
-        for stream in streams:
-            stream.cancel()
-        raise
+    streams = submit_pooling(state, new_id("embd"), inputs, state.embedding_pooling)
 
     async def collect() -> dict[str, Any]:
-        try:
-            vectors = [await _embedding(stream) for stream in streams]
-        finally:
-            for stream in streams:
-                stream.cancel()
+        vectors = await pooled_outputs(streams)
         tokens = sum(len(ids) for ids in inputs)
         return {"object": "list", "model": model,
                 "data": [{"object": "embedding", "index": i,
@@ -81,6 +69,33 @@ def _token_inputs(state: ServingState, body: EmbeddingRequest) -> list[list[int]
                               code="context_length_exceeded")
         inputs.append(ids)
     return inputs
+
+
+def submit_pooling(state: ServingState, request_id: str, inputs: list[list[int]],
+                   pooling: Pooling) -> list[RequestStream]:
+    """One engine pooling request per input (ids `<request_id>-<i>`); all or none:
+    a refusal cancels the ones already queued."""
+    streams: list[RequestStream] = []
+    try:
+        for i, ids in enumerate(inputs):
+            streams.append(state.engine.submit(f"{request_id}-{i}", ids, max_new_tokens=1,
+                                               streaming=False, eos_token_id=[], sampling={},
+                                               pooling=pooling))
+    except BaseException:
+        for stream in streams:
+            stream.cancel()
+        raise
+    return streams
+
+
+async def pooled_outputs(streams: list[RequestStream]) -> list[list[float]]:
+    """Each stream's vector (or label logits), in order; every stream is cancelled on
+    the way out, so a failure or a disconnect leaves nothing running."""
+    try:
+        return [await _embedding(stream) for stream in streams]
+    finally:
+        for stream in streams:
+            stream.cancel()
 
 
 async def _embedding(stream: RequestStream) -> list[float]:

@@ -71,6 +71,11 @@ class ServerSettings(BaseModel):
     """With a hub id as `model`: the GGUF file of that repository to serve."""
     served_model_name: str | None = None
     """Name clients put in `model`; defaults to `model`."""
+    task: Literal["generate", "embed"] | None = None
+    """"generate": the generation routes and /v1/embeddings; "embed": the embedding
+    routes only (/v1/embeddings; /v1/rerank and /v1/score for a classifier). None:
+    from the checkpoint (model_task.py): an encoder, a sequence classifier or a
+    sentence-transformers checkpoint embeds, anything else generates."""
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: list[str] | None = None

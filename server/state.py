@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import Pooling
+from engine.encoder import EncoderModel
 
 from .async_engine import AsyncEngine
 from .embedding_pooling import checkpoint_pooling
 from .chat_format import ChatFormat, build_chat_format
-from .errors import model_not_found
+from .errors import bad_request, model_not_found
 from .metrics import ServerMetrics
+from .model_task import serving_task
 from .responses_store import ResponseStore
 from .settings import ServerSettings
 from .token_text import TokenTexts
@@ -49,6 +51,11 @@ class ServingState:
     metrics: ServerMetrics | None = None
     embedding_pooling: Pooling = field(default_factory=Pooling)
     """How /v1/embeddings pools (embedding_pooling.py)."""
+    task: str = "generate"
+    """"generate", or "embed": the generation routes answer 400 (model_task.py)."""
+    num_labels: int | None = None
+    """The labels of the model's sequence-classification head, None where it has none
+    (then /v1/rerank and /v1/score answer 400: serving_rerank.py)."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 1.0))
     """Stored /v1/responses (responses_store.py); build_state sizes it from settings."""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -56,6 +63,15 @@ class ServingState:
     @property
     def model_name(self) -> str:
         return self.settings.model_name
+
+    def check_generates(self) -> None:
+        """400 on a generation route when the server only embeds (task "embed")."""
+        if self.task == "embed":
+            routes = "/v1/embeddings, /v1/rerank and /v1/score" if self.num_labels is not None \
+                else "/v1/embeddings"
+            raise bad_request(f"The model '{self.model_name}' is served as an embedding model "
+                              f"(task 'embed'): it answers {routes}, not text generation.",
+                              param="model", code="embedding_model")
 
     def check_model(self, requested: str | None) -> str:
         """The name to echo in responses; 404 for a model this server does not serve.
@@ -85,6 +101,9 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
                             tokenizer, settings.chat_template, settings.tool_parser,
                             settings.parse_special_tokens_in_messages),
                         metrics=ServerMetrics(engine, settings.model_name),
-                        embedding_pooling=checkpoint_pooling(settings.model),
+                        embedding_pooling=checkpoint_pooling(
+                            settings.model, encoder=isinstance(model, EncoderModel)),
+                        num_labels=engine.manager.num_labels,
+                        task=serving_task(settings.task, model, settings.model),
                         responses=ResponseStore(settings.responses_store_size,
                                                 settings.responses_store_ttl_s))

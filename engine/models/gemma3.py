@@ -134,6 +134,7 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
+        self.num_labels, self.score = None, None   # no classifier checkpoints (classifier_head.py)
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
         self.rotaries = nn.ModuleDict({
             kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config)

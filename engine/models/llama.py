@@ -17,6 +17,7 @@ from ..attention.backend import AttentionBackend, get_backend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
 from ..model_spec import EngineModelSpec
+from .classifier_head import classifier_labels, score_head
 from .executors import Executors, LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
 from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
@@ -159,11 +160,16 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.num_labels = classifier_labels(config)
+        self.score = score_head(config.hidden_size, self.num_labels)
+        """A sequence-classification checkpoint's head (classifier_head.py), else None."""
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tie_word_embeddings or self.score is not None else \
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         """None for tied embeddings until use_lm_head gives the head a method of its
-        own (linear_methods.py); logits then multiply the embedding table."""
+        own (linear_base.py); logits then multiply the embedding table. A
+        classifier has no LM head: its logits (the warmup's only; the manager refuses
+        its generating requests) multiply the embedding table too."""
         head_dim = self.layers[0].self_attn.head_dim
         self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config)
         self.init_common()
@@ -191,7 +197,7 @@ class LlamaFamilyForCausalLM(nn.Module):
             layer_is_sliding=tuple(self.layer_is_sliding), sliding_window=self.sliding_window,
             kv_cache_dtype=self.kv_cache_dtype, hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
-            max_context=config.max_position_embeddings)
+            max_context=config.max_position_embeddings, num_labels=self.num_labels)
 
     def use_kv_cache_dtype(self, dtype: torch.dtype | None) -> None:
         """The KV cache's element type (load_plan.LoadPlan.kv_cache)."""
@@ -209,7 +215,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.executors = executors
 
     def use_lm_head(self, head: nn.Module) -> None:
-        """The LM head's linear method (linear_methods.py): any module mapping
+        """The LM head's linear method (linear_base.py): any module mapping
         [N, hidden] -> [N, vocab]."""
         self.lm_head = head
 
@@ -243,6 +249,10 @@ class LlamaFamilyForCausalLM(nn.Module):
         if self.lm_head is None:
             return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
+
+    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> fp32 classification logits [N, num_labels] (classifiers only)."""
+        return self.score(hidden).float()
 
     def reset_buffers(self, device: torch.device) -> None:
         """Rebuild non-checkpoint buffers (after meta-device construction)."""
@@ -300,8 +310,9 @@ def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
 
     for suffix in ("embed_tokens.weight", "norm.weight"):
         yield suffix, get(suffix)
-    if "lm_head.weight" in state_dict:
-        yield "lm_head.weight", state_dict["lm_head.weight"]
+    for head in ("lm_head.weight", "score.weight"):
+        if head in state_dict:
+            yield head, state_dict[head]
     for i in range(num_layers):
         prefix = f"layers.{i}."
         for fused, parts in _FUSED.items():
