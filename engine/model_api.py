@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .config import ContinuousBatchingConfig
+from .errors import ModelLoadError
 from .generation_config import GenerationConfig, resolve_eos, unsupported_settings
 from .grammar import GrammarCompiler
 from .loading import without_gc
@@ -255,10 +256,13 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     logger.info("load plan:\n%s", plan.table())
     kernels = native if plan.block_kernels else None
     if has_own_code(config):
-        module = _own_family(_read_weights(source, config, progress, kernels,
-                                           plan.int8_activations),
-                             config, plan.compute, device, tp_size, cpu_group_timeout, kernels,
-                             dense_table=plan.dense_table)
+        try:
+            module = _own_family(_read_weights(source, config, progress, kernels,
+                                               plan.int8_activations),
+                                 config, plan.compute, device, tp_size, cpu_group_timeout,
+                                 kernels, dense_table=plan.dense_table)
+        except (ValueError, KeyError, RuntimeError) as error:   # weights that do not fit
+            raise _weights_refused(source, error) from error    # the config, or damaged
         choose_linear_methods(module, plan.dtype.weights,
                               pack=device.type == "cpu" and tp_size == 1,
                               native_bf16=plan.native_bf16)
@@ -277,6 +281,17 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return_freed_memory()      # what loading freed, back to the system
     return model
+
+
+def _weights_refused(source, error: Exception) -> ModelLoadError:
+    """One line naming the weights' source and the first line of what went wrong
+    (a shape that disagrees with the config, a missing tensor, a torch read error)."""
+    if isinstance(error, ModelLoadError):
+        return error
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    where = "the model given" if isinstance(source, torch.nn.Module) else str(source)
+    return ModelLoadError(f"{where}: its weights cannot be loaded "
+                          f"({type(error).__name__}: {first})")
 
 
 def _in_background(function, *args) -> concurrent.futures.Future:

@@ -12,6 +12,12 @@ before any route runs:
   On other binds (0.0.0.0 in a container) any `Host` is served unless `allowed_hosts`
   lists the names to accept.
 
+Before those, one check that is not the browser's: a request with more than
+MAX_HEADERS headers is a 431 and its connection is closed (parsing and logging
+thousands of headers per request is a cheap way to load a server). The headers' total
+size is bounded below this, by the HTTP parser: past 16 KiB, uvicorn answers 400 and
+closes the connection.
+
 The app never redirects (no trailing-slash redirects), so no `Location` is built
 from a client's `Host`.
 """
@@ -24,6 +30,8 @@ from typing import Any
 from .errors import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+MAX_HEADERS = 128
+"""Headers one request may carry; browsers and SDKs send about 20, proxies add a few."""
 
 
 def host_name(host_header: str) -> str:
@@ -53,6 +61,10 @@ class BrowserSafety:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if len(scope["headers"]) > MAX_HEADERS:
+            return await _refuse(send, 431, f"The request has {len(scope['headers'])} headers; "
+                                 f"this server takes at most {MAX_HEADERS}.",
+                                 "too_many_headers", close=True)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"host", b"content-type")}
         if self.allowed_names is not None and \
@@ -66,9 +78,10 @@ class BrowserSafety:
         return await self.app(scope, receive, send)
 
 
-async def _refuse(send: Any, status: int, message: str, code: str) -> None:
+async def _refuse(send: Any, status: int, message: str, code: str, close: bool = False) -> None:
     body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,7 @@ from .auth import require_api_key
 from .errors import OpenAIError
 from .fault_injection import arm_engine_fault
 from .metrics import CONTENT_TYPE
+from .openapi_document import openapi_document
 from .state import ServingState
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ ops = APIRouter(dependencies=[Depends(require_api_key)])
 
 @ops.get("/openapi.json", include_in_schema=False)
 async def openapi_schema(request: Request) -> JSONResponse:
-    return JSONResponse(request.app.openapi())
+    return JSONResponse(openapi_document(request.app))
 
 
 @ops.get("/docs", include_in_schema=False)

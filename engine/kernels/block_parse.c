@@ -184,15 +184,41 @@ static void parse_part(const void *arg, int part, int parts) {
     }
 }
 
-/* GGUF rows raw [n, row_bytes] of `type` (row i of the output: raw's row order[i], or
- * i) into rows [start, start + n) of a weight of kind `form` (kernels.h's BLOCKS_*;
- * the int8 forms need start and n in whole groups of 16). 1 for a bad argument. */
+/* Bytes of one GGUF row of `type` with k weights (k a multiple of its block). */
+static int64_t gguf_row_bytes(int type, int64_t k) {
+    static const int64_t bytes_of[] = {0, 18, 20, 22, 24, 34, 144, 176, 210};
+    return type >= GGUF_Q4_K ? k / 256 * bytes_of[type] : k / BLOCK * bytes_of[type];
+}
+
+/* Whether every row the job reads lies in raw [raw_rows, row_bytes] and every row it
+ * writes in the output's out_rows: the caller proved the ranges against the file
+ * (gguf_check.py) and the shapes; they are proven again here, before any byte is
+ * read, so a wrong shape upstream is an error, not a read past the mapping. */
+static int rows_in_range(int type, int64_t n, int64_t k, int64_t row_bytes,
+                         int64_t raw_rows, const int64_t *order, int64_t start,
+                         int64_t out_rows) {
+    if (n < 0 || k <= 0 || start < 0 || raw_rows < 0 || n > out_rows - start
+        || row_bytes != gguf_row_bytes(type, k))
+        return 0;
+    if (!order)
+        return n <= raw_rows;
+    for (int64_t i = 0; i < n; i++)
+        if (order[i] < 0 || order[i] >= raw_rows)
+            return 0;
+    return 1;
+}
+
+/* GGUF rows of `type` from raw [raw_rows, row_bytes] (row i of the output: raw's row
+ * order[i], or i, for i < n) into rows [start, start + n) of a weight of kind `form`
+ * with out_rows rows (kernels.h's BLOCKS_*; the int8 forms need start and n in whole
+ * groups of 16). 1 for a bad argument, a row out of range included. */
 int parse_gguf_rows(int type, const uint8_t *raw, int64_t n, int64_t k, int64_t row_bytes,
-                    const int64_t *order, int form, int64_t start, void *codes, float *d,
-                    float *m, int num_threads) {
+                    int64_t raw_rows, const int64_t *order, int form, int64_t start,
+                    int64_t out_rows, void *codes, float *d, float *m, int num_threads) {
     if (type < GGUF_Q4_0 || type > GGUF_Q6_K || form < BLOCKS_Q4 || form > BLOCKS_I8_U8_HALVES
         || k % 256 * (type >= GGUF_Q4_K) || k % BLOCK
-        || (form >= BLOCKS_I8_Q4 && (start % GROUP || n % GROUP)))
+        || (form >= BLOCKS_I8_Q4 && (start % GROUP || n % GROUP))
+        || !rows_in_range(type, n, k, row_bytes, raw_rows, order, start, out_rows))
         return 1;
     WorkRanges items;
     work_ranges_init(&items, n, num_threads);

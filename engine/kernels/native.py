@@ -29,7 +29,7 @@ SIGNATURES = {
     "set_openmp_runtime": "ppp", "use_openmp_helpers": "i", "bf16_amx_enable": "i",
     "bf16_decoder_stack": "psppspsi", "block_decoder_stack": "psppspsi",
     "prefill_attention_apply": "s", "prefill_attention_bf16": "pspppsssssssssfpsi",
-    "parse_gguf_rows": "ipssspispppi",
+    "parse_gguf_rows": "ipsssspisspppi",
 }
 
 
@@ -134,14 +134,20 @@ class NativeKernels:
         [start, start + N) of `out` (models/block_formats.py's Blocks or int8_blocks.py's
         Int8Blocks, contiguous), row i from raw's row order[i] (int64) when given:
         block_formats.parse_blocks's values, in one pass (block_parse.c)."""
-        rows, row_bytes = raw.shape
+        raw_rows, row_bytes = raw.shape
+        rows = raw_rows if order is None else order.shape[0]
+        if not (raw.is_contiguous() and (order is None or (order.dtype == torch.int64
+                                                           and order.is_contiguous()))):
+            raise ValueError("parse_gguf: raw and order must be contiguous, order int64")
         status = self._library.parse_gguf_rows(
-            PARSE_CODES[kind], raw.data_ptr(), rows, out.shape[1], row_bytes,
+            PARSE_CODES[kind], raw.data_ptr(), rows, out.shape[1], row_bytes, raw_rows,
             None if order is None else order.data_ptr(), BLOCK_KINDS[out.kind], start,
-            out.codes.data_ptr(), out.scales.data_ptr(),
+            out.shape[0], out.codes.data_ptr(), out.scales.data_ptr(),
             None if out.minima is None else out.minima.data_ptr(), self.num_threads)
         if status:
-            raise ValueError(f"cannot parse {kind} rows into {out.kind} at row {start}")
+            raise ValueError(f"cannot parse {rows} {kind} rows of {row_bytes} bytes "
+                             f"({raw_rows} given) into rows {start}.. of a {out.kind} weight "
+                             f"of {out.shape[0]} rows and {out.shape[1]} columns")
 
     def bf16_gemm(self, x: torch.Tensor, pairs: torch.Tensor, out_features: int,
                   out_dtype: torch.dtype, gated_inter: int = 0,

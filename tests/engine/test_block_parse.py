@@ -60,5 +60,35 @@ def test_rows_in_whole_groups_are_parsed_into_the_int8_forms(kernels):  # noqa: 
 
 def test_int8_forms_refuse_rows_that_cut_a_group(kernels):  # noqa: F811
     raw = torch.from_numpy(random_blocks("Q8_0", ROWS, COLS, seed=5))
-    with pytest.raises(ValueError, match="cannot parse Q8_0"):
+    with pytest.raises(ValueError, match="cannot parse 48 Q8_0 rows"):
         kernels.parse_gguf("Q8_0", raw, empty_int8_blocks("Q8_0", 64, COLS), 8, None)
+
+
+@pytest.mark.parametrize("damage", ["order past raw", "negative order", "short raw rows",
+                                    "row bytes for other k", "rows past out", "negative start"])
+def test_the_native_parser_refuses_ranges_outside_its_buffers(kernels, damage):  # noqa: F811
+    """The checks before the parser (gguf_check.py, the tensor shapes) are proven
+    again in C: a range outside raw or out is a ValueError, and nothing is read."""
+    kind = "Q4_K"
+    raw = torch.from_numpy(random_blocks(kind, ROWS, COLS, seed=5))
+    out = empty_blocks(FORM_OF[kind], ROWS, COLS)
+    order, start = None, 0
+    if damage == "order past raw":
+        order = torch.arange(ROWS, dtype=torch.int64)
+        order[7] = ROWS + 10**9
+    elif damage == "negative order":
+        order = torch.arange(ROWS, dtype=torch.int64)
+        order[3] = -1
+    elif damage == "short raw rows":
+        order = torch.arange(ROWS, dtype=torch.int64)
+        raw = raw[:ROWS - 1]
+    elif damage == "row bytes for other k":
+        raw = raw[:, :raw.shape[1] // 2].contiguous()
+    elif damage == "rows past out":
+        start = 8
+    elif damage == "negative start":
+        start = -16
+    before = out.codes.clone()
+    with pytest.raises(ValueError, match="cannot parse"):
+        kernels.parse_gguf(kind, raw, out, start, order)
+    assert torch.equal(out.codes, before)

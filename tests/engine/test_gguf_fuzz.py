@@ -168,3 +168,42 @@ def test_the_server_ends_with_one_line(small_gguf, tmp_path, label):
     assert done.returncode == 1, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("kvserve:")]
     assert len(lines) == 1 and str(path) in lines[0], done.stderr[-2000:]
+
+
+REGRESSIONS = Path(__file__).with_name("gguf_regressions.json")
+"""Cases of the mutation loop kept with the message each must give (F: the file's
+path; a message may continue past what is kept): a change that makes any of them
+vaguer, or lets one through, fails here by name."""
+
+
+def test_the_regression_corpus_keeps_its_messages(small_gguf, tmp_path):
+    import json
+
+    raw, layout = small_gguf
+    cases = dict(_cases(raw, layout))
+    path = tmp_path / "case.gguf"
+    for entry in json.loads(REGRESSIONS.read_text()):
+        path.write_bytes(cases[entry["case"]])
+        with pytest.raises(GGUFError) as refused:
+            check_gguf_file(path)
+            read_gguf_file(path)
+        message = str(refused.value).replace(str(path), "F")
+        assert message.startswith(entry["message"]), (entry["case"], message)
+
+
+def test_an_unknown_architecture_names_the_ones_read(tmp_path):
+    import gguf
+
+    from engine.loading import resolve_model_dir
+
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "notafamily")
+    writer.add_block_count(1)
+    writer.add_token_list([f"t{i}" for i in range(8)])
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFError, match=r"notafamily.*architectures read are .*llama.*qwen3"):
+        resolve_model_dir(str(path), tmp_path / "cache")
