@@ -6,6 +6,7 @@
         schedule                            -> ScheduledBatch
         run                                 -> sampled tokens
         update requests, deliver outputs
+        hand the step's KV cache events to the sink, when one is set
 
 Everything here runs on the engine thread except the methods marked "any thread",
 which only touch the inbox, flags under locks, or read sizes. What the loop is built
@@ -25,6 +26,7 @@ from .config import ContinuousBatchingConfig
 from .async_steps import AsyncSteps
 from .engine_setup import build_engine_parts
 from .errors import InvalidRequestError
+from .kv_cache.kv_events import KVEventLog, KVEventSink
 from .output_router import OutputRouter
 from .outputs import RequestStatus
 from .pause_gate import PauseGate
@@ -70,6 +72,19 @@ class EngineLoop:
         self.num_prefill_tokens = 0
         self.speculation = SpeculationCounts()
         self.error: BaseException | None = None
+        self.kv_event_sink: KVEventSink | None = None
+        """Receives each step's KV cache events (kv_cache/kv_events.py); None: none
+        are recorded."""
+
+    def set_kv_event_sink(self, sink: KVEventSink) -> None:
+        """Any thread, before requests arrive: publish the prefix cache's events to
+        `sink` from now on, starting with AllBlocksCleared (blocks indexed before are
+        not announced: the subscriber starts from an empty cache)."""
+        with self.step_lock:
+            log = KVEventLog()
+            log.cleared()
+            self.allocator.events = log
+            self.kv_event_sink = sink
 
     # -- any thread ----------------------------------------------------------------------
     def submit(self, request: RequestState) -> None:
@@ -226,6 +241,7 @@ class EngineLoop:
                     self.async_steps.step()
                 elif self.scheduler.has_work():
                     self._step()
+                self._publish_kv_events()
         except BaseException as error:  # fail every request, never leave callers hanging
             logger.exception("engine thread crashed")
             with self.submit_lock:      # from here on add_request refuses
@@ -233,6 +249,15 @@ class EngineLoop:
             self._fail_all(f"engine error: {error!r}")
         finally:
             self._stop_followers()
+
+    def _publish_kv_events(self) -> None:
+        """Hand the events of the steps just run to the sink (outside `step_lock`:
+        the events are recorded on this thread only)."""
+        log = self.allocator.events
+        if log is not None:
+            events = log.drain()
+            if events:
+                self.kv_event_sink(events)
 
     def _drain_pipeline(self) -> None:
         if self.async_steps is not None:

@@ -30,6 +30,7 @@ from .engine_loop import EngineLoop
 from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from .generation_config import GenerationConfig, SamplingParams, resolve_eos
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from .kv_cache.kv_events import KVEventSink
 from .outputs import GenerationOutput
 from .pooling import Pooling
 from .output_router import OutputRouter
@@ -327,6 +328,12 @@ class ContinuousBatchingManager:
         """True unless this is a follower rank of a tensor-parallel run, where requests
         and results live on rank 0 only."""
         return self.loop.is_driver
+
+    def publish_kv_events(self, sink: KVEventSink) -> None:
+        """Any thread, before requests are added: call `sink` on the engine thread
+        with each step's prefix-cache events (kv_cache/kv_events.py); it must not
+        block. Only the driver rank of a tensor-parallel run has any."""
+        self.loop.set_kv_event_sink(sink)
 
     # -- introspection -------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

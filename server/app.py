@@ -3,11 +3,13 @@
     startup:   load the model (in a worker thread: it takes seconds) -> build the
                manager from the settings' engine knobs -> start the engine thread
                -> warm it up -> publish a ServingState on app.state.serving
+               (with `kv_events_config`, the KV event publisher opens first)
     serving:   routes.py (the API), routes_ops.py (health, ready, metrics),
                web_ui.py (the chat page at /, unless web_ui is off); every
                request passes RequestLogMiddleware (one log line each)
     shutdown:  hard-stop the engine (uvicorn has already drained open connections
-               for the drain timeout, see lifecycle.py), then free the cache
+               for the drain timeout, see lifecycle.py), then free the cache and
+               close the KV event publisher
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from engine.manager import ContinuousBatchingManager
+
 from .async_engine import AsyncEngine
 from .browser_safety import BrowserSafety
 from .connections import quiet_accept_errors
 from .errors import install_error_handlers
+from .kv_event_publisher import KVEventPublisher, PublisherCollector, open_publisher
 from .memory import AllocatorTrimmer
 from .model_task import serving_task
 from .request_log import RequestLogMiddleware
@@ -82,8 +87,14 @@ def init_manager(settings: ServerSettings, model: Any) -> Any:
         continuous_batching_config=engine_config(settings, model.device.type))
 
 
-def start_engine(settings: ServerSettings, model: Any) -> AsyncEngine:
-    engine = AsyncEngine(init_manager(settings, model))
+def start_engine(settings: ServerSettings, model: Any,
+                 kv_events: KVEventPublisher | None = None) -> AsyncEngine:
+    """The started engine; `kv_events` receives its prefix cache's events from the
+    first step on (an embedding model's manager has no KV cache, so none)."""
+    manager = init_manager(settings, model)
+    if kv_events is not None and isinstance(manager, ContinuousBatchingManager):
+        manager.publish_kv_events(kv_events.submit)
+    engine = AsyncEngine(manager)
     engine.start()
     return engine
 
@@ -96,9 +107,13 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
         loaded = model if model is not None else await asyncio.to_thread(load_engine_model, settings)
-        engine = start_engine(settings, loaded)
+        kv_events = open_publisher(settings.kv_events_config)
+        engine = start_engine(settings, loaded, kv_events)
         await asyncio.to_thread(engine.warmup)
         app.state.serving = build_state(settings, loaded, engine)
+        if kv_events is not None:
+            app.state.serving.metrics.registry.register(
+                PublisherCollector(kv_events, settings.model_name))
         # What start-up made lives as long as the server: out of the collector's way,
         # or every full collection while serving walks it (~350k objects, with the
         # interpreter lock held: a pause in every stream).
@@ -113,6 +128,8 @@ def create_app(settings: ServerSettings, model: Any = None) -> FastAPI:
         finally:
             await trimmer.stop()
             await asyncio.to_thread(engine.shutdown)
+            if kv_events is not None:
+                await asyncio.to_thread(kv_events.close)
 
     # the API docs are routes of ours, behind the API key (routes_ops.py); no
     # trailing-slash redirects (their Location would come from the client's Host)

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help='speculative decoding, e.g. \'{"method": "ngram", '
                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
                              '"prompt_lookup_min": 2}\'')
+    add("--kv-events-config", metavar="JSON",
+        help='publish KV cache events for KV-aware routers (vLLM\'s format), e.g. '
+             '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+             '"replay_endpoint": "tcp://*:5558"}\'')
     testing = parser.add_argument_group("testing")
     testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
                          help="add POST /debug/fail-engine (kills the engine thread)")

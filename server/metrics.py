@@ -16,6 +16,10 @@ has vLLM's name, unit and meaning, and a `model_name` label. Two sources feed th
                                          and acceptances
         kvserve:* (ours)                 engine alive, block counts, steps, swaps
 
+    the cache's layout, fixed at start (what routers' endpoint pickers read):
+        vllm:cache_config_info{block_size, num_gpu_blocks, cache_dtype,
+                               enable_prefix_caching, cpu_offload_gb, engine}  gauge, 1
+
     each finished engine request (one per choice), observed by the server:
         vllm:prompt_tokens_total / vllm:generation_tokens_total       counters
         vllm:request_success_total{finished_reason}   stop | length | abort | error
@@ -34,7 +38,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.outputs import GenerationOutput
@@ -121,14 +126,30 @@ class EngineCollector:
             yield family
 
 
-class ServerMetrics:
-    """The registry behind /metrics and the per-request observations that feed it."""
+def cache_config_labels(block_size: int, num_blocks: int, cache_dtype: str,
+                        prefix_caching: bool, cpu_offload_gb: float) -> dict[str, str]:
+    """vllm:cache_config_info's labels, named and written as vLLM writes its
+    CacheConfig (str() of each value). `num_gpu_blocks` is our total KV blocks, on
+    whatever device holds them; `engine` is vLLM's engine index (one engine here)."""
+    return {"block_size": str(block_size), "num_gpu_blocks": str(num_blocks),
+            "cache_dtype": cache_dtype, "enable_prefix_caching": str(prefix_caching),
+            "cpu_offload_gb": str(cpu_offload_gb), "engine": "0"}
 
-    def __init__(self, engine: Any, model_name: str) -> None:
+
+class ServerMetrics:
+    """The registry behind /metrics and the per-request observations that feed it.
+    `cache_config`: vllm:cache_config_info's labels (None: a model without a KV
+    cache, no such series)."""
+
+    def __init__(self, engine: Any, model_name: str,
+                 cache_config: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
+        if cache_config is not None:
+            Gauge("vllm:cache_config_info", "Information of the engine's KV cache config.",
+                  list(cache_config), registry=r).labels(**cache_config).set(1)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.",
                                      labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.",

@@ -29,6 +29,7 @@ from engine.config import ContinuousBatchingConfig
 from engine.load_plan import DTYPE_NAMES
 from engine.speculative.config import SpeculativeConfig
 
+from .kv_events_config import KVEventsConfig
 from .settings_env import EnvValueError, env_name, read_environment
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -162,6 +163,11 @@ class ServerSettings(BaseModel):
     """Speculative decoding in vLLM's shape, as JSON text (in the YAML file too), e.g.
     '{"method": "ngram", "num_speculative_tokens": 4}' (engine/speculative/config.py)."""
 
+    kv_events_config: str | None = None
+    """KV cache events for KV-aware routers, in vLLM's shape, as JSON text (in the YAML
+    file too), e.g. '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'
+    (server/kv_events_config.py, docs/kv-events.md)."""
+
     enable_fault_injection: bool = False
     """Testing only: adds POST /debug/fail-engine, which makes the engine thread die
     at its next step. Never turn it on in a deployment."""
@@ -170,6 +176,12 @@ class ServerSettings(BaseModel):
     @classmethod
     def _speculation_reads(cls, value: str | None) -> str | None:
         SpeculativeConfig.from_any(value)          # raises naming the key
+        return value
+
+    @field_validator("kv_events_config")
+    @classmethod
+    def _kv_events_read(cls, value: str | None) -> str | None:
+        KVEventsConfig.from_any(value)             # raises naming the key
         return value
 
     @field_validator("api_key", mode="before")

@@ -17,7 +17,7 @@ from .async_engine import AsyncEngine
 from .embedding_pooling import checkpoint_pooling
 from .chat_format import ChatFormat, build_chat_format
 from .errors import bad_request, model_not_found
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, cache_config_labels
 from .model_task import serving_task
 from .responses_store import ResponseStore
 from .settings import ServerSettings
@@ -83,6 +83,15 @@ class ServingState:
         return requested
 
 
+def _cache_config(settings: ServerSettings, sizing: Any) -> dict[str, str] | None:
+    """vllm:cache_config_info's labels; None for a model without a KV cache."""
+    if sizing is None:
+        return None
+    config = settings.continuous_batching_config()
+    return cache_config_labels(sizing.page_size, sizing.num_blocks, settings.kv_cache_dtype,
+                               config.allow_block_sharing, config.cpu_offload_space or 0.0)
+
+
 def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> ServingState:
     """Read what the routes need from a loaded engine model."""
     config = model.config
@@ -100,7 +109,8 @@ def build_state(settings: ServerSettings, model: Any, engine: AsyncEngine) -> Se
                         chat_format=build_chat_format(
                             tokenizer, settings.chat_template, settings.tool_parser,
                             settings.parse_special_tokens_in_messages),
-                        metrics=ServerMetrics(engine, settings.model_name),
+                        metrics=ServerMetrics(engine, settings.model_name,
+                                              _cache_config(settings, sizing)),
                         embedding_pooling=checkpoint_pooling(
                             settings.model, encoder=isinstance(model, EncoderModel)),
                         num_labels=engine.manager.num_labels,

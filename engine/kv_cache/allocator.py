@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Iterable
 
+from .kv_events import KVEventLog
+
 
 class OutOfBlocksError(RuntimeError):
     """Raised by `allocate` when fewer blocks are available than asked for."""
@@ -35,6 +37,8 @@ class BlockAllocator:
         self._hash_of_block: dict[int, bytes] = {}
         self._block_of_hash: dict[bytes, int] = {}
         self.num_evictions = 0
+        self.events: KVEventLog | None = None
+        """Where evictions are recorded while KV events are published (kv_events.py)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -63,8 +67,11 @@ class BlockAllocator:
                 block_id = self._free.popleft()
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                del self._block_of_hash[self._hash_of_block.pop(block_id)]
+                evicted = self._hash_of_block.pop(block_id)
+                del self._block_of_hash[evicted]
                 self.num_evictions += 1
+                if self.events is not None:
+                    self.events.removed(evicted)
             self._ref_counts[block_id] = 1
             self._times_allocated[block_id] += 1
             block_ids.append(block_id)
@@ -125,15 +132,17 @@ class BlockAllocator:
                 found.append(block_id)
         return found
 
-    def register(self, block_id: int, block_hash: bytes) -> None:
-        """Record that held block `block_id` now holds the full block `block_hash`.
-        The first block registered for a hash stays its owner."""
+    def register(self, block_id: int, block_hash: bytes) -> bool:
+        """Record that held block `block_id` now holds the full block `block_hash`;
+        True when it is newly indexed. The first block registered for a hash stays
+        its owner."""
         if not self.enable_caching or block_hash in self._block_of_hash:
-            return
+            return False
         if block_id in self._hash_of_block:
-            return
+            return False
         self._hash_of_block[block_id] = block_hash
         self._block_of_hash[block_hash] = block_id
+        return True
 
     def check_invariants(self, holders: Iterable[list[int]] = ()) -> None:
         """Assert the bookkeeping is consistent.

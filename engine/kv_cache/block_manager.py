@@ -5,6 +5,8 @@ It turns scheduler decisions into block operations on the allocator:
 - prefix caching: `take_cached_prefix` on admission, `register_full_blocks` as blocks fill;
   below a page, the start of the first uncached page copied from a running request
   (partial_prefix.py): `prefix_copies`, run by the runner after the swaps;
+- KV events (kv_events.py): while they are published, each run of blocks newly
+  indexed by `register_full_blocks` is one BlockStored (the allocator records evictions);
 - sliding windows (hybrid models): sliding layers have their own block pool; a request
   holds `sliding_block_ids` only for the pages its window still covers, and `grow`
   recycles the pages that fell out of the window (their entry becomes None);
@@ -232,14 +234,32 @@ class BlockManager:
             return
         extend_block_hashes(request.block_hashes,
                             request.tokens_between(0, num_full * self.page_size), self.page_size)
+        run_start = None       # first of the blocks newly indexed in a row, if any
         for index in range(request.num_registered_blocks, num_full):
             block = request.block_ids[index]
-            self.allocator.register(block, request.block_hashes[index])
+            if self.allocator.register(block, request.block_hashes[index]):
+                run_start = index if run_start is None else run_start
+            elif run_start is not None:   # (another request indexed this hash first)
+                self._announce_stored(request, run_start, index)
+                run_start = None
             first_written = max(0, request.num_computed_tokens - index * self.page_size)
             if first_written < self.page_size:
                 self.written_this_step[block] = min(
                     first_written, self.written_this_step.get(block, self.page_size))
+        if run_start is not None:
+            self._announce_stored(request, run_start, num_full)
         request.num_registered_blocks = num_full
+
+    def _announce_stored(self, request: RequestState, start: int, end: int) -> None:
+        """Blocks start..end-1 of `request` were newly indexed: one BlockStored event
+        while KV events are published (kv_events.py)."""
+        events = self.allocator.events
+        if events is None:
+            return
+        size = self.page_size
+        events.stored(request.block_hashes[start:end],
+                      request.block_hashes[start - 1] if start else None,
+                      request.tokens_between(start * size, end * size), size)
 
     # -- CPU offload -----------------------------------------------------------------
     def offload(self, request: RequestState) -> bool:

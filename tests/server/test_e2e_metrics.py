@@ -170,3 +170,24 @@ def test_fault_injection_route_is_off_by_default(server):
     response = httpx.post(f"{server.base_url}/debug/fail-engine", headers=server.headers())
     assert response.status_code == 404
     assert server.health()["status"] == "ok"
+
+
+def test_what_routers_read(server):
+    """vllm:cache_config_info (an endpoint picker's block size and cache size), the
+    queue gauges, and max_model_len on /v1/models."""
+    response = httpx.get(f"{server.base_url}/metrics", timeout=10)
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    info = families["vllm:cache_config_info"]
+    assert info.type == "gauge"
+    [sample] = info.samples
+    assert sample.value == 1
+    num_blocks = server.health()["num_blocks"]
+    assert sample.labels == {"block_size": str(PAGE_SIZE), "num_gpu_blocks": str(num_blocks),
+                             "cache_dtype": "auto", "enable_prefix_caching": "True",
+                             "cpu_offload_gb": "0.0", "engine": "0"}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc"):
+        assert 0 <= families[name].samples[0].value <= (1 if name.endswith("perc") else 64)
+    models = httpx.get(f"{server.base_url}/v1/models", headers=server.headers(), timeout=10)
+    [card] = models.json()["data"]
+    assert card["max_model_len"] == min(8192, num_blocks * PAGE_SIZE)   # context 8192

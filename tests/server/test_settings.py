@@ -37,6 +37,7 @@ def test_cli_overrides_file(tmp_path):
     ("scheduler: lifo\n", "scheduler"),
     ("dtype: float8\n", "dtype"),
     ("compile_level: 4\n", "compile_level"),
+    ("kv_events_config: '{\"publisher\": \"kafka\"}'\n", "kv_events_config"),
 ])
 def test_bad_file_fields_are_named(tmp_path, text, field):
     config = tmp_path / "bad.yaml"

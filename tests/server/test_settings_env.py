@@ -26,6 +26,9 @@ def sample(name: str) -> tuple[str, object]:
     if name == "speculative_config":             # text the setting checks as JSON
         text = '{"method": "ngram", "num_speculative_tokens": 3}'
         return text, text
+    if name == "kv_events_config":               # (JSON too)
+        text = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'
+        return text, text
     annotation, default = field.annotation, field.get_default(call_default_factory=True)
     if get_origin(annotation) is Union or type(annotation).__name__ == "UnionType":
         annotation = next(a for a in get_args(annotation) if a is not type(None))
