@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Imported late: `--help` and setting errors stay instant.
     from .app import create_app, load_engine_model
-    from .lifecycle import serve
+    from .edge.lifecycle import serve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != settings.tp_size:

@@ -26,9 +26,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from engine.manager import ContinuousBatchingManager
 
 from .async_engine import AsyncEngine
-from .browser_safety import BrowserSafety
-from .connections import quiet_accept_errors
-from .errors import install_error_handlers
+from .edge.browser_safety import BrowserSafety
+from .edge.connections import quiet_accept_errors
+from .edge.errors import install_error_handlers
 from .kv_event_publisher import KVEventPublisher, PublisherCollector, open_publisher
 from .memory import AllocatorTrimmer
 from .model_task import serving_task

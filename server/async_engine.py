@@ -42,7 +42,7 @@ from engine.errors import (InvalidRequestError, ManagerStoppedError, QueueFullEr
                            RequestTooLongError)
 from engine.outputs import GenerationOutput, RequestStatus
 
-from .errors import OpenAIError, bad_request
+from .edge.errors import OpenAIError, bad_request
 
 # How often a waiting stream checks that the engine thread is still alive, so that a
 # dead engine gives a 5xx instead of a request that hangs forever.

@@ -34,8 +34,8 @@ from starlette.types import Receive
 from engine.outputs import GenerationOutput
 
 from .async_engine import EngineDeadError, RequestStream, is_failed
-from .choice_decoder import ChoiceDecoder, ChoiceDelta
-from .errors import OpenAIError
+from .text_pipeline.choice_decoder import ChoiceDecoder, ChoiceDelta
+from .edge.errors import OpenAIError
 from .request_log import RequestRecord, request_record
 from .sampling import GenerationPlan
 from .state import ServingState

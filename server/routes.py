@@ -15,16 +15,16 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from .anthropic.serving import count_tokens, create_message
-from .auth import presented_key, require_api_key
-from .body import parse_request
-from .detokenizer import decode_all
-from .prompts import check_token_ids, encode_text, render_chat
+from .edge.auth import presented_key, require_api_key
+from .edge.body import parse_request
+from .text_pipeline.detokenizer import decode_all
+from .text_pipeline.prompts import check_token_ids, encode_text, render_chat
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
-from .serving_chat import create_chat_completion
-from .serving_completions import create_completion
-from .serving_embeddings import create_embeddings
-from .serving_rerank import create_rerank, create_score
-from .serving_responses import create_response
+from .openai_api.serving_chat import create_chat_completion
+from .openai_api.serving_completions import create_completion
+from .embeddings.serving_embeddings import create_embeddings
+from .embeddings.serving_rerank import create_rerank, create_score
+from .openai_api.serving_responses import create_response
 from .state import ServingState
 
 

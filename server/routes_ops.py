@@ -19,8 +19,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse
 
-from .auth import require_api_key
-from .errors import OpenAIError
+from .edge.auth import require_api_key
+from .edge.errors import OpenAIError
 from .fault_injection import arm_engine_fault
 from .metrics import CONTENT_TYPE
 from .openapi_document import openapi_document

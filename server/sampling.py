@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import bad_request
+from .edge.errors import bad_request
 from .protocol.common import GenerationFields
 from .state import ServingState
 

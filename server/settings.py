@@ -147,7 +147,7 @@ class ServerSettings(BaseModel):
     forge role turns."""
     tool_parser: Literal["auto", "generic", "hermes", "llama3_json", "mistral"] = "auto"
     """How tools are shown to the model and its calls read back; "auto" picks the
-    family from the chat template (server/tool_formats.py)."""
+    family from the chat template (server/text_pipeline/tool_formats.py)."""
 
     page_size: int | None = None
     max_batch_tokens: int | None = None

@@ -14,14 +14,14 @@ from engine import Pooling
 from engine.encoder import EncoderModel
 
 from .async_engine import AsyncEngine
-from .embedding_pooling import checkpoint_pooling
-from .chat_format import ChatFormat, build_chat_format
-from .errors import bad_request, model_not_found
+from .embeddings.embedding_pooling import checkpoint_pooling
+from .text_pipeline.chat_format import ChatFormat, build_chat_format
+from .edge.errors import bad_request, model_not_found
 from .metrics import ServerMetrics, cache_config_labels
 from .model_task import serving_task
-from .responses_store import ResponseStore
+from .openai_api.responses_store import ResponseStore
 from .settings import ServerSettings
-from .token_text import TokenTexts
+from .text_pipeline.token_text import TokenTexts
 
 
 def eos_list(value: Any) -> list[int]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from .errors import OpenAIError
+from .edge.errors import OpenAIError
 
 WEB_DIR = Path(__file__).with_name("web")
 

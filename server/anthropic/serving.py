@@ -28,12 +28,12 @@ from typing import Any, AsyncIterator
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from ..body import parse_json_object, read_body, validate_model
-from ..errors import OpenAIError
+from ..edge.body import parse_json_object, read_body, validate_model
+from ..edge.errors import OpenAIError
 from ..generation import GenerationRun, cancel_all, json_until_disconnect, merge_deltas, start_run
-from ..prompts import render_chat
-from ..serving_chat import SubmittedChat, submit_chat
-from ..sse import event, sse_response
+from ..text_pipeline.prompts import render_chat
+from ..openai_api.serving_chat import SubmittedChat, submit_chat
+from ..edge.sse import event, sse_response
 from ..state import ServingState
 from .errors import anthropic_error_body
 from .protocol import CountTokensRequest, MessagesRequest

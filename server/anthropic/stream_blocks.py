@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sse import event
+from ..edge.sse import event
 
 
 class BlockEvents:

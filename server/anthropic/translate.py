@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..body import validate_model
+from ..edge.body import validate_model
 from ..protocol.chat import ChatCompletionRequest
 from .protocol import (CountTokensRequest, Message, MessagesRequest, TextBlock, ThinkingBlock,
                        ToolResultBlock, ToolUseBlock)

@@ -7,7 +7,7 @@
 
 The OpenAI SDK's `chat.completions.parse(response_format=Model)` sends the last form
 with pydantic's schema of `Model`. A schema the grammar library cannot use is a 400
-naming the part (server/structured_output.py).
+naming the part (server/text_pipeline/structured_output.py).
 """
 
 from __future__ import annotations

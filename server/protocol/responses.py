@@ -19,7 +19,7 @@ Tools are OpenAI's flat function tools (`{"type": "function", "name", "parameter
 (`text`, `json_object`, `json_schema` with `name` and `schema`). `reasoning` is
 accepted and its effort ignored.
 
-Responses are stored unless `store` is false (server/responses_store.py), and
+Responses are stored unless `store` is false (server/openai_api/responses_store.py), and
 `previous_response_id` continues one. `conversation` (OpenAI's conversation objects),
 `background` and `prompt` (stored prompt templates) are refused by name.
 """

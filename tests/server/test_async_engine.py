@@ -9,7 +9,7 @@ import pytest
 from engine import ContinuousBatchingConfig, GenerationConfig
 
 from server.async_engine import AsyncEngine
-from server.errors import OpenAIError
+from server.edge.errors import OpenAIError
 
 GREEDY = {"do_sample": False}
 

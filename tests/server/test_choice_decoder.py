@@ -2,7 +2,7 @@
 
 from engine.outputs import GenerationOutput, RequestStatus
 
-from server.choice_decoder import ChoiceDecoder
+from server.text_pipeline.choice_decoder import ChoiceDecoder
 
 
 def output(tokens, status=RequestStatus.DECODING, finish_reason=None, logprobs=None):

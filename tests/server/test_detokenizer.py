@@ -2,8 +2,8 @@
 
 import pytest
 
-from server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all, ids_decoder
-from server.token_text import TokenTexts
+from server.text_pipeline.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all, ids_decoder
+from server.text_pipeline.token_text import TokenTexts
 
 SAMPLES = [
     "héllo 日本語 🙂 world",

@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from server.auth import key_matches
+from server.edge.auth import key_matches
 from server.cli import parse_settings
 from server.settings import SettingsError
 from tests.server.conftest import API_KEY, SECOND_API_KEY

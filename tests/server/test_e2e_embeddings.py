@@ -1,4 +1,4 @@
-"""POST /v1/embeddings on the default model (server/serving_embeddings.py) through the
+"""POST /v1/embeddings on the default model (server/embeddings/serving_embeddings.py) through the
 openai SDK: last-token vectors equal to transformers' on the same GGUF weights,
 normalised, of the hidden size, in input order; base64 equal to float; token-id
 inputs equal to text; `dimensions` truncated and renormalised; limits named; a chat

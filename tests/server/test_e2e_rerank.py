@@ -1,4 +1,4 @@
-"""POST /v1/rerank and /v1/score (server/serving_rerank.py) on a tiny random
+"""POST /v1/rerank and /v1/score (server/embeddings/serving_rerank.py) on a tiny random
 Qwen2ForSequenceClassification served from its saved checkpoint: each pair's score
 equals transformers' `model(**tokenizer(query, document)).logits`, the results come
 best first; `top_n`, `return_documents: false`, the aliases, the limits, and a model
@@ -137,7 +137,7 @@ def test_a_model_without_a_head_is_refused(server):
 
 
 def test_relevance_of_several_labels_is_the_log_odds_of_label_1():
-    from server.serving_rerank import relevance
+    from server.embeddings.serving_rerank import relevance
 
     assert relevance([0.7]) == 0.7
     assert relevance([0.5, 2.0]) == pytest.approx(1.5)

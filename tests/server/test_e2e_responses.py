@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 
 from tests.server.conftest import SECOND_API_KEY
 
-from server.responses_output import output_items
-from server.responses_stream import ResponseEvents
+from server.openai_api.responses_output import output_items
+from server.openai_api.responses_stream import ResponseEvents
 
 MODEL = "smollm2-135m-instruct"
 
@@ -376,7 +376,7 @@ def test_reasoning_becomes_a_reasoning_item():
 
 
 def test_failure_mid_stream_is_an_error_then_response_failed():
-    from server.errors import OpenAIError
+    from server.edge.errors import OpenAIError
 
     events = ResponseEvents({"id": "resp_x", "output": []})
     sent = events.start() + events.delta({"content": "Hel"})

@@ -2,8 +2,8 @@
 
 import pytest
 
-from server.body import parse_json_object, validate_model
-from server.errors import OpenAIError
+from server.edge.body import parse_json_object, validate_model
+from server.edge.errors import OpenAIError
 from server.protocol.chat import ChatCompletionRequest
 from server.protocol.completions import CompletionRequest
 
@@ -70,7 +70,7 @@ def test_unsupported_parameter_message():
 
 
 def test_fields_that_change_nothing_are_dropped_and_output_changers_kept():
-    from server.lenient_fields import drop_unknown_fields
+    from server.edge.lenient_fields import drop_unknown_fields
     from server.protocol.chat import ChatMessage
 
     data = {"messages": [{"role": "developer", "content": "be brief", "id": "m1"}, *MSG],

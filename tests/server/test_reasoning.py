@@ -3,7 +3,7 @@ split at every character, the block opened by the model or by the prompt."""
 
 import pytest
 
-from server.reasoning import ReasoningSplit, prompt_opens_thinking
+from server.text_pipeline.reasoning import ReasoningSplit, prompt_opens_thinking
 
 CASES = [
     # opened by the prompt, answer, reasoning, content
@@ -40,7 +40,7 @@ def test_prompt_that_leaves_a_block_open():
 
 def test_every_grammar_kind_follows_the_thinking(tokenizer):
     from engine.grammar import GrammarCompiler, GrammarSpec
-    from server.reasoning import after_thinking
+    from server.text_pipeline.reasoning import after_thinking
 
     compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     specs = {"json_schema": GrammarSpec("json_schema", {"type": "object", "properties": {

@@ -1,4 +1,4 @@
-"""The stored responses' bounds (server/responses_store.py): the oldest evicted past
+"""The stored responses' bounds (server/openai_api/responses_store.py): the oldest evicted past
 the count, entries gone after their TTL, another key's entries invisible, size 0
 storing nothing."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.errors import OpenAIError
-from server.responses_store import ResponseStore
+from server.edge.errors import OpenAIError
+from server.openai_api.responses_store import ResponseStore
 
 
 def _put(store: ResponseStore, name: str, key: str | None = None) -> None:
@@ -27,7 +27,7 @@ def test_the_oldest_goes_first_past_the_count():
 
 def test_entries_expire(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("server.responses_store.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("server.openai_api.responses_store.time.monotonic", lambda: clock[0])
     store = ResponseStore(10, ttl_s=5)
     _put(store, "a")
     clock[0] = 104.0

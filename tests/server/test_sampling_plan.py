@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from server.body import validate_model
-from server.errors import OpenAIError
+from server.edge.body import validate_model
+from server.edge.errors import OpenAIError
 from server.protocol.chat import ChatCompletionRequest
 from server.protocol.completions import CompletionRequest
 from server.sampling import build_plan

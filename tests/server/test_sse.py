@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from server.sse import DONE, PING, TEXT_SLOT, EventStreamResponse, TextEvents, event
+from server.edge.sse import DONE, PING, TEXT_SLOT, EventStreamResponse, TextEvents, event
 
 
 def _run(response, disconnect_after_s: float | None = None) -> list[dict]:
@@ -119,7 +119,7 @@ def test_a_client_that_reads_nothing_is_cut_after_the_write_timeout():
 
 
 def test_a_named_event_carries_its_event_line_before_its_data():
-    from server.sse import encode, event
+    from server.edge.sse import encode, event
 
     assert encode(event({"type": "response.created", "n": 1}, name="response.created")) == (
         b'event: response.created\ndata: {"type":"response.created","n":1}\n\n')

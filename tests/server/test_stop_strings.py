@@ -1,6 +1,6 @@
 """StopStringMatcher: matches across piece boundaries, holds back possible prefixes."""
 
-from server.stop_strings import StopStringMatcher
+from server.text_pipeline.stop_strings import StopStringMatcher
 
 
 def run(stops, pieces):

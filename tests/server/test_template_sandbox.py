@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.chat_format import build_chat_format
-from server.errors import OpenAIError
+from server.text_pipeline.chat_format import build_chat_format
+from server.edge.errors import OpenAIError
 
 ESCAPES = [
     "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
@@ -64,7 +64,7 @@ RUNAWAYS = {
 def test_a_runaway_template_is_stopped_within_its_bounds(tokenizer, kind, tmp_path):
     import time
 
-    from server.template_bounds import resident_bytes
+    from server.text_pipeline.template_bounds import resident_bytes
 
     template, reason = RUNAWAYS[kind]
     path = tmp_path / "template.jinja"

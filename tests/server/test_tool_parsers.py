@@ -6,8 +6,8 @@ import json
 import pytest
 
 from server.protocol.chat import ChatCompletionRequest
-from server.tool_formats import ParsedCall, detect_format, tool_format
-from server.tool_stream import stream_parser
+from server.text_pipeline.tool_formats import ParsedCall, detect_format, tool_format
+from server.text_pipeline.tool_stream import stream_parser
 
 WEATHER = ParsedCall("get_weather", '{"city": "Paris", "unit": "C"}')
 TIME = ParsedCall("get_time", '{"zone": "UTC"}')

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from .protocol.responses import FunctionTool, NamedFunction, ResponsesRequest
+from ..protocol.responses import FunctionTool, NamedFunction, ResponsesRequest
 
 
 def item_id(prefix: str) -> str:

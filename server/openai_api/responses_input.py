@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .body import validate_model
-from .errors import OpenAIError, bad_request
-from .lenient_fields import drop_unknown_fields
-from .protocol.chat import ChatCompletionRequest
-from .protocol.responses import (ITEM_TYPES, FunctionCallItem, FunctionCallOutputItem,
+from ..edge.body import validate_model
+from ..edge.errors import OpenAIError, bad_request
+from ..edge.lenient_fields import drop_unknown_fields
+from ..protocol.chat import ChatCompletionRequest
+from ..protocol.responses import (ITEM_TYPES, FunctionCallItem, FunctionCallOutputItem,
                                  FunctionTool, InputItem, MessageItem, NamedFunction,
                                  ResponsesRequest)
 

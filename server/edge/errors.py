@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .anthropic.errors import MESSAGES_PREFIX, anthropic_error_body
+from ..anthropic.errors import MESSAGES_PREFIX, anthropic_error_body
 
 logger = logging.getLogger(__name__)
 

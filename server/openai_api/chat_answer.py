@@ -14,11 +14,11 @@ from typing import Any
 
 from engine.grammar import GrammarSpec
 
-from .protocol.chat import ChatCompletionRequest
-from .reasoning import CLOSE, ReasoningSplit, after_thinking, prompt_opens_thinking
-from .state import ServingState
-from .structured_output import grammar_spec as response_format_spec
-from .tool_stream import stream_parser
+from ..protocol.chat import ChatCompletionRequest
+from ..text_pipeline.reasoning import CLOSE, ReasoningSplit, after_thinking, prompt_opens_thinking
+from ..state import ServingState
+from ..text_pipeline.structured_output import grammar_spec as response_format_spec
+from ..text_pipeline.tool_stream import stream_parser
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import OpenAIError
+from ..edge.errors import OpenAIError
 
 
 @dataclass(frozen=True)

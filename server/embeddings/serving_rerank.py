@@ -30,12 +30,12 @@ from fastapi import Request, Response
 
 from engine import Pooling
 
-from .body import parse_request
-from .errors import bad_request
-from .generation import json_until_disconnect, new_id
-from .protocol.rerank import MAX_RERANK_DOCUMENTS, RerankRequest, ScoreRequest
+from ..edge.body import parse_request
+from ..edge.errors import bad_request
+from ..generation import json_until_disconnect, new_id
+from ..protocol.rerank import MAX_RERANK_DOCUMENTS, RerankRequest, ScoreRequest
 from .serving_embeddings import pooled_outputs, submit_pooling
-from .state import ServingState
+from ..state import ServingState
 
 CLASSIFY = Pooling("last", normalize=False, classify=True)
 """The engine request of a pair: the head on the last token's state."""

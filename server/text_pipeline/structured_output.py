@@ -5,7 +5,7 @@
     json_schema  -> GrammarSpec("json_schema", schema): the schema, compact; a schema-less
                     json_schema format means any JSON value
 
-Tools (server/tool_formats.py) and thinking models (server/reasoning.py) make their
+Tools (server/text_pipeline/tool_formats.py) and thinking models (server/text_pipeline/reasoning.py) make their
 own specs and compile them through `compile_spec` as well.
 
 Compiling runs off the event loop (a large schema can take a while, and the first
@@ -21,9 +21,9 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.grammar import CompiledGrammar, GrammarSpec
 
-from .errors import bad_request
-from .protocol.response_format import ResponseFormat
-from .state import ServingState
+from ..edge.errors import bad_request
+from ..protocol.response_format import ResponseFormat
+from ..state import ServingState
 
 
 def grammar_spec(response_format: ResponseFormat | None) -> GrammarSpec | None:

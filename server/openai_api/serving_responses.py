@@ -22,19 +22,19 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
 
-from .auth import presented_key
-from .body import parse_request
+from ..edge.auth import presented_key
+from ..edge.body import parse_request
 from .chat_answer import AnswerShape
-from .errors import OpenAIError
-from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+from ..edge.errors import OpenAIError
+from ..generation import (Choice, GenerationRun, cancel_all, merge_deltas,
                          json_until_disconnect, start_run)
-from .protocol.responses import ResponsesRequest
+from ..protocol.responses import ResponsesRequest
 from .responses_input import answer_messages, function_tools, to_chat_request
 from .responses_output import finished, in_progress, item_id, output_items, usage
 from .responses_stream import ResponseEvents, internal_error
 from .serving_chat import submit_chat
-from .sse import EventStreamResponse
-from .state import ServingState
+from ..edge.sse import EventStreamResponse
+from ..state import ServingState
 
 _RENAMED_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens",
                    "response_format": "text.format"}

@@ -32,7 +32,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .errors import OpenAIError
-from .generation import wait_for_disconnect
+from ..generation import wait_for_disconnect
 
 logger = logging.getLogger(__name__)
 

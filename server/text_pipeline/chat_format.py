@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import bad_request
+from ..edge.errors import bad_request
 from .template_bounds import TemplateBounds, TemplateOverrun, render_within
 from .tool_formats import detect_format, tool_format
 

@@ -23,12 +23,12 @@ from fastapi import Request, Response
 
 from engine import Pooling
 
-from .body import parse_request
-from .errors import bad_request
-from .generation import GenerationFailed, RequestStream, is_failed, json_until_disconnect, new_id
-from .prompts import check_token_ids, encode_text
-from .protocol.embeddings import MAX_EMBEDDING_INPUTS, EmbeddingRequest
-from .state import ServingState
+from ..edge.body import parse_request
+from ..edge.errors import bad_request
+from ..generation import GenerationFailed, RequestStream, is_failed, json_until_disconnect, new_id
+from ..text_pipeline.prompts import check_token_ids, encode_text
+from ..protocol.embeddings import MAX_EMBEDDING_INPUTS, EmbeddingRequest
+from ..state import ServingState
 
 
 async def create_embeddings(request: Request, state: ServingState) -> Response:

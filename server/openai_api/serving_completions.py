@@ -16,17 +16,17 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
 
-from .body import parse_request
-from .detokenizer import decode_all
-from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+from ..edge.body import parse_request
+from ..text_pipeline.detokenizer import decode_all
+from ..generation import (Choice, GenerationRun, cancel_all, merge_deltas,
                          json_until_disconnect, new_id, start_run, submit_choices, usage)
-from .logprobs import CompletionLogprobs, merge_completion_logprobs
-from .prompts import completion_prompt_ids
-from .protocol.completions import CompletionRequest
-from .sampling import GenerationPlan, build_plan
-from .sse import DONE, TextEvents, event, sse_response
-from .state import ServingState
-from .structured_output import compile_response_format
+from ..text_pipeline.logprobs import CompletionLogprobs, merge_completion_logprobs
+from ..text_pipeline.prompts import completion_prompt_ids
+from ..protocol.completions import CompletionRequest
+from ..sampling import GenerationPlan, build_plan
+from ..edge.sse import DONE, TextEvents, event, sse_response
+from ..state import ServingState
+from ..text_pipeline.structured_output import compile_response_format
 
 # OpenAI's default completion length for this endpoint.
 DEFAULT_MAX_TOKENS = 16

@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import OpenAIError
+from ..edge.errors import OpenAIError
 from .responses_output import (failed, finished, function_call_item, item_id, message_item,
                                output_text_part, reasoning_item, reasoning_text_part)
-from .sse import event
+from ..edge.sse import event
 
 logger = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request, Response
 
-from .body import parse_request
+from ..edge.body import parse_request
 from .chat_answer import AnswerShape
-from .generation import (Choice, GenerationRun, cancel_all, merge_deltas,
+from ..generation import (Choice, GenerationRun, cancel_all, merge_deltas,
                          json_until_disconnect, new_id, start_run, submit_choices, usage)
-from .logprobs import chat_logprobs
-from .prompts import render_chat
-from .protocol.chat import ChatCompletionRequest, ChatMessage
-from .sampling import GenerationPlan, build_plan
-from .sse import DONE, TextEvents, event, sse_response
-from .state import ServingState
-from .structured_output import compile_spec
+from ..text_pipeline.logprobs import chat_logprobs
+from ..text_pipeline.prompts import render_chat
+from ..protocol.chat import ChatCompletionRequest, ChatMessage
+from ..sampling import GenerationPlan, build_plan
+from ..edge.sse import DONE, TextEvents, event, sse_response
+from ..state import ServingState
+from ..text_pipeline.structured_output import compile_spec
 
 
 async def create_chat_completion(request: Request, state: ServingState) -> Response:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_format import ChatFormat
-from .errors import bad_request
-from .protocol.chat import ChatMessage
-from .protocol.completions import Prompt
+from ..edge.errors import bad_request
+from ..protocol.chat import ChatMessage
+from ..protocol.completions import Prompt
 
 
 @dataclass(frozen=True)

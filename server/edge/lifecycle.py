@@ -33,7 +33,7 @@ from typing import Any
 import uvicorn
 
 from .connections import ConnectionGuard, default_max_connections
-from .settings import ServerSettings
+from ..settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 

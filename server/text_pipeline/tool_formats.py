@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.grammar import GrammarSpec
 
-from .protocol.chat import NamedToolChoice, Tool
+from ..protocol.chat import NamedToolChoice, Tool
 
 TOOL_FORMATS = ("generic", "hermes", "llama3_json", "mistral")
 _COMPACT = {"x-guidance": {"whitespace_flexible": False}}
