@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import error_body
+from .errors import OpenAIError
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 MAX_HEADERS = 128
@@ -62,24 +62,28 @@ class BrowserSafety:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if len(scope["headers"]) > MAX_HEADERS:
-            return await _refuse(send, 431, f"The request has {len(scope['headers'])} headers; "
+            return await _refuse(send, scope, 431,
+                                 f"The request has {len(scope['headers'])} headers; "
                                  f"this server takes at most {MAX_HEADERS}.",
                                  "too_many_headers", close=True)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"host", b"content-type")}
         if self.allowed_names is not None and \
                 host_name(headers.get("host", "")) not in self.allowed_names:
-            return await _refuse(send, 403, "This server does not serve the host "
+            return await _refuse(send, scope, 403, "This server does not serve the host "
                                  f"{headers.get('host', '')!r}; start it with --allowed-hosts "
                                  "to add names.", "host_not_allowed")
         if scope["method"] == "POST" and not is_json_type(headers.get("content-type", "")):
-            return await _refuse(send, 415, "Request bodies must be JSON "
+            return await _refuse(send, scope, 415, "Request bodies must be JSON "
                                  "(Content-Type: application/json).", "unsupported_media_type")
         return await self.app(scope, receive, send)
 
 
-async def _refuse(send: Any, status: int, message: str, code: str, close: bool = False) -> None:
-    body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+async def _refuse(send: Any, scope: dict, status: int, message: str, code: str,
+                  close: bool = False) -> None:
+    """The refusal in the shape of the API the request was for (errors.py)."""
+    error = OpenAIError(message, status_code=status, type="invalid_request_error", code=code)
+    body = json.dumps(error.body_for(scope.get("path", ""))).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,

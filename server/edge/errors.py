@@ -51,11 +51,16 @@ class OpenAIError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
+    def body_for(self, path: str) -> dict:
+        """The error's body in the shape of the API at `path` (Anthropic's on
+        /v1/messages, else OpenAI's)."""
+        if path.startswith(MESSAGES_PREFIX):
+            return anthropic_error_body(self.status_code, self.message)
+        return self.body()
+
     def to_response(self, request: Request | None = None) -> JSONResponse:
         """The error as a response, in the shape of `request`'s API."""
-        body = self.body()
-        if request is not None and request.url.path.startswith(MESSAGES_PREFIX):
-            body = anthropic_error_body(self.status_code, self.message)
+        body = self.body() if request is None else self.body_for(request.url.path)
         return JSONResponse(body, status_code=self.status_code, headers=self.headers)
 
 

@@ -129,6 +129,18 @@ def test_errors_take_anthropics_shape(server, client):
     assert denied.value.body["error"]["type"] == "authentication_error"
 
 
+@pytest.mark.parametrize("headers, status", [({"content-type": "text/plain"}, 415),
+                                             ({"host": "rebound.example"}, 403)])
+def test_refusals_before_the_route_take_anthropics_shape_too(server, headers, status):
+    reply = httpx.post(f"{server.base_url}/v1/messages", timeout=30, content=b"{}",
+                       headers={"x-api-key": API_KEY, **headers})
+    assert reply.status_code == status
+    assert reply.json()["type"] == "error" and reply.json()["error"]["message"]
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=30, content=b"{}",
+                      headers={"x-api-key": API_KEY, **headers})
+    assert chat.status_code == status and "message" in chat.json()["error"]
+
+
 def test_one_key_setting_serves_both_headers_everywhere(server):
     for headers in ({"x-api-key": API_KEY}, {"Authorization": f"Bearer {API_KEY}"}):
         models = httpx.get(f"{server.base_url}/v1/models", headers=headers, timeout=30)
