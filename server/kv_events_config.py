@@ -16,9 +16,10 @@ field.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from engine.json_setting import json_setting_fields
 
 PUBLISHERS = ("null", "zmq")
 
@@ -79,20 +80,7 @@ class KVEventsConfig:
     def from_any(cls, value: "KVEventsConfig | dict | str | None") -> "KVEventsConfig | None":
         """A config from itself, a dict of its fields or their JSON text; None, "" or
         "null": no events. Unknown keys are an error naming them."""
+        value = json_setting_fields(value, cls, "kv_events_config")
         if value is None or isinstance(value, KVEventsConfig):
             return value
-        if isinstance(value, str):
-            if value.strip() in ("", "null"):
-                return None
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"kv_events_config is not JSON: {error}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"kv_events_config must be a JSON object, got {value!r}")
-        known = {field.name for field in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"kv_events_config has unknown keys {unknown}; known: "
-                             f"{sorted(known)}")
         return cls(**value)

@@ -18,9 +18,10 @@ it saves). Validated once; errors name the field.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from ..json_setting import json_setting_fields
 
 METHODS = ("ngram", "suffix", "draft_model")
 
@@ -73,22 +74,9 @@ class SpeculativeConfig:
                  ) -> "SpeculativeConfig | None":
         """A config from itself, a dict of its fields or their JSON text; None, "" or
         "null" turn speculation off. Unknown keys are an error naming them."""
+        value = json_setting_fields(value, cls, "speculative_config")
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            if value.strip() in ("", "null"):
-                return None
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"speculative_config is not JSON: {error}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
-        known = {field.name for field in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {unknown}; known: "
-                             f"{sorted(known)}")
         if "method" not in value:
             raise ValueError("speculative_config.method is required")
         return cls(**value)
