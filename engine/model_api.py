@@ -261,8 +261,12 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                                                plan.int8_activations),
                                  config, plan.compute, device, tp_size, cpu_group_timeout,
                                  kernels, dense_table=plan.dense_table)
+        except ModelLoadError:
+            raise
         except (ValueError, KeyError, RuntimeError) as error:   # weights that do not fit
-            raise _weights_refused(source, error) from error    # the config, or damaged
+            if tp_size > 1:            # the config, or damaged; a TensorParallelError
+                raise                  # (sharding, launch) says its own part
+            raise _weights_refused(source, error) from error
         choose_linear_methods(module, plan.dtype.weights,
                               pack=device.type == "cpu" and tp_size == 1,
                               native_bf16=plan.native_bf16)
@@ -286,8 +290,6 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
 def _weights_refused(source, error: Exception) -> ModelLoadError:
     """One line naming the weights' source and the first line of what went wrong
     (a shape that disagrees with the config, a missing tensor, a torch read error)."""
-    if isinstance(error, ModelLoadError):
-        return error
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     where = "the model given" if isinstance(source, torch.nn.Module) else str(source)
     return ModelLoadError(f"{where}: its weights cannot be loaded "

@@ -77,15 +77,22 @@ def init_tensor_parallel(tp_size: int, device: torch.device,
     """Join (or reuse) the torchrun process group of `tp_size` processes.
 
     Raises TensorParallelError when the process was not launched with exactly
-    `tp_size` workers; on CUDA each rank takes the GPU of its LOCAL_RANK.
+    `tp_size` workers. The driver is global rank 0 (RANK), wherever the rendezvous put
+    it; on CUDA each rank takes the GPU of its LOCAL_RANK, its index on its own node,
+    so node ranks of a multi-node launch each count their GPUs from 0.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != tp_size:
         raise TensorParallelError(
             f"tp_size={tp_size} needs {tp_size} processes, but WORLD_SIZE is {world_size}: "
-            f"launch with `torchrun --nproc-per-node {tp_size} ...`")
+            f"launch with `torchrun --nproc-per-node {tp_size} ...` (one host) or "
+            f"`torchrun --nnodes M --nproc-per-node {tp_size}/M ...` (M hosts)")
     if device.type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise TensorParallelError(
+                f"LOCAL_RANK {local_rank} has no GPU: this node has "
+                f"{torch.cuda.device_count()}; lower --nproc-per-node on this node")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
