@@ -19,6 +19,7 @@ import pytest
 
 from tests.server.conftest import (ENGINE_FLAGS, MODEL, REPO_ROOT, STARTUP_TIMEOUT_S,
                                    RunningServer, free_port)
+from tests.server.test_e2e_tensor_parallel import complete
 
 NODES = 3
 
@@ -83,13 +84,6 @@ def _stop(agents: list) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(ranks, timeout=30)
-
-
-def complete(base_url: str, prompt: str, headers: dict | None = None) -> str:
-    response = httpx.post(f"{base_url}/v1/completions", headers=headers, timeout=120, json={
-        "model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0})
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["text"]
 
 
 def test_node_ranks_answer_like_the_single_process_server(multinode_server, server):
