@@ -66,7 +66,7 @@ static void q8_part(const void *arg, int part, int parts) {
 int block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                int num_threads) {
-    if (k % BLOCK || ldy < n || kind < BLOCKS_Q4 || kind > BLOCKS_I8_U8_HALVES) return 1;
+    if (k % BLOCK || ldy < n || kind < BLOCKS_FIRST || kind > BLOCKS_LAST) return 1;
     if (rows <= 0 || n <= 0) return 0;
     if (kind >= BLOCKS_I8_Q4)
         return int8_block_gemm(kind, x, rows, k, q, d, m, n, y, ldy, num_threads);

@@ -18,6 +18,21 @@
  * so a block's product is d * dx * sum(c * xq) + m * dx * sum(xq): the second term
  * from the quantized x's sums, which cancels the + 128 exactly.
  *
+ * Two forms keep a K-quant file's width (the super-block forms): their blocks carry
+ * integer sub-scales, and fp32 scales come once per 256 weights, as in the file.
+ *   I8_Q4K (from Q4_K): codes as I8_Q4; d holds [group][super][d, dmin][16] floats, m
+ *       (bytes) [group][block][scale, minimum][16]: a block's d = d * scale and m =
+ *       -(dmin * minimum), the values I8_Q4 would hold. 19 bytes per 32 weights per
+ *       column against I8_Q4's 24 (the file: 18).
+ *   I8_Q6K (from Q6_K): per block 4 vectors of the codes' low 4 bits laid out as
+ *       I8_Q4's nibbles, then 2 vectors of their high 2 bits: byte i of lane j's dword
+ *       in vector u holds at bits 2t..2t+1 those of element 16 u + 4 t + i. d holds
+ *       [group][super][16] floats, m (int8) [group][block][two halves][16]: a half's d
+ *       = d * scale, its m = -128 d, with codes q + 96 (the values I8_U8_HALVES holds).
+ *       26.5 bytes per 32 weights against I8_U8_HALVES' 48 (the file: 26.25).
+ * Their products are the wide forms' to the bit: the same integers, and the same fp32
+ * scales, formed once per block for all the tile's rows.
+ *
  * Lane j of a vector accumulates column j, so x's 4 bytes of a dword are broadcast to
  * all lanes and no horizontal sums are needed. N is a multiple of 16 (the repacked
  * tensors keep the shapes of the forms they came from: [N, K/2] or [N, K] codes,
@@ -99,26 +114,69 @@ typedef struct {
 } Int8Job;
 
 /* One group's weights as every loop reads them: its blocks, scales and minima, and
- * its form's sizes (a Q4 block is 256 bytes, the byte forms' 512; the halves form has
- * two scales and minima per block). */
+ * its form's sizes (a Q4 block is 256 bytes, the byte forms' 512, I8_Q6K's 384; the
+ * halves forms have two scales and minima per block). In the super-block forms d
+ * points at the group's super-block scales and sub at its sub-scale bytes. */
 typedef struct {
-    const uint8_t *q;
+    const uint8_t *q, *sub;
     const float *d, *m;
     int64_t blocks, block_bytes, scales_per_block;
-    int nibbles, halves;
+    int nibbles, halves, super_q4, super_q6;
 } GroupView;
 
 static inline GroupView group_view(const Int8Job *job, int64_t group) {
     GroupView view;
     view.blocks = job->k / BLOCK;
-    view.nibbles = job->kind == BLOCKS_I8_Q4;
-    view.halves = job->kind == BLOCKS_I8_U8_HALVES;
-    view.block_bytes = view.nibbles ? 256 : 512;
+    view.super_q4 = job->kind == BLOCKS_I8_Q4K;
+    view.super_q6 = job->kind == BLOCKS_I8_Q6K;
+    view.nibbles = job->kind == BLOCKS_I8_Q4 || view.super_q4;
+    view.halves = job->kind == BLOCKS_I8_U8_HALVES || view.super_q6;
+    view.block_bytes = view.nibbles ? 256 : view.super_q6 ? 384 : 512;
     view.scales_per_block = view.halves ? 2 : 1;
     view.q = job->q + group * view.blocks * view.block_bytes;
-    view.d = job->d + group * view.blocks * view.scales_per_block * GROUP;
-    view.m = job->m + group * view.blocks * view.scales_per_block * GROUP;
+    view.sub = NULL;
+    if (view.super_q4 || view.super_q6) {
+        const int64_t supers = view.blocks / 8, per_super = view.super_q4 ? 2 : 1;
+        view.d = job->d + group * supers * per_super * GROUP;
+        view.sub = (const uint8_t *)job->m + group * view.blocks * 2 * GROUP;
+        view.m = NULL;
+    } else {
+        view.d = job->d + group * view.blocks * view.scales_per_block * GROUP;
+        view.m = job->m + group * view.blocks * view.scales_per_block * GROUP;
+    }
     return view;
+}
+
+/* Lane `lane`'s scale and minimum of block b, half h (scales_per_block 2: h 0, 1),
+ * in any form: a super-block form's formed from its integers as the parser forms the
+ * wide forms' values (block_parse.c), so they are equal to the bit. */
+static inline void lane_scale(const GroupView *view, int64_t b, int h, int lane,
+                              float *d, float *m) {
+    if (view->super_q4) {
+        const float *sup = view->d + (b / 8) * 2 * GROUP;
+        *d = sup[lane] * (float)view->sub[b * 2 * GROUP + lane];
+        *m = -(sup[GROUP + lane] * (float)view->sub[b * 2 * GROUP + GROUP + lane]);
+    } else if (view->super_q6) {
+        *d = view->d[(b / 8) * GROUP + lane] * (float)(int8_t)view->sub[(b * 2 + h) * GROUP + lane];
+        *m = -128.0f * *d;
+    } else {
+        const int64_t at = (b * view->scales_per_block + h) * GROUP + lane;
+        *d = view->d[at];
+        *m = view->m[at];
+    }
+}
+
+/* Lane `lane`'s code of element e (0..31) of a block's bytes qb, as the form keeps it
+ * unsigned (I8_Q6K: q + 96, as I8_U8_HALVES). */
+static inline int lane_code(const GroupView *view, const uint8_t *qb, int lane, int e) {
+    const int t = (e % 16) / 4, i = e % 4;
+    if (!view->nibbles && !view->super_q6)
+        return qb[64 * (e / 4) + 4 * lane + i];
+    const int low = (qb[64 * t + 4 * lane + i] >> (e < 16 ? 0 : 4)) & 0x0F;
+    if (!view->super_q6)
+        return low;
+    const int high = (qb[256 + 64 * (e / 16) + 4 * lane + i] >> (2 * t)) & 3;
+    return (low | high << 4) + 96;
 }
 
 #if INT8_PATH == INT8_AVX512_VNNI
@@ -200,13 +258,13 @@ static void group_tile_vnni(const Int8Job *job, int64_t group, int64_t r0, int t
 #include "block_int8_neon.h"         /* group_tile_neon */
 #endif
 
-/* The portable loop: the same sums, one column at a time (unused by the vector
- * builds). */
+/* The portable loop: the same sums, one column at a time (the vector builds run it
+ * for the forms they have no tile for). */
 static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int64_t group,
                                                         int64_t r0, int tile) {
     const GroupView view = group_view(job, group);
     const int64_t blocks = view.blocks, k = job->k, block_bytes = view.block_bytes;
-    const int halves = view.halves, nibbles = view.nibbles;
+    const int halves = view.halves;
     for (int lane = 0; lane < GROUP; lane++)
         for (int r = 0; r < tile; r++) {
             const int64_t row = r0 + r;
@@ -215,27 +273,46 @@ static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int6
                 const uint8_t *qb = view.q + b * block_bytes;
                 const int8_t *xq = job->x->codes + row * k + b * BLOCK;
                 int32_t sums[2] = {0, 0};
-                for (int e = 0; e < BLOCK; e++) {
-                    const int t = (e % 16) / 4, i = e % 4;
-                    const int code = nibbles
-                        ? (qb[64 * t + 4 * lane + i] >> (e < 16 ? 0 : 4)) & 0x0F
-                        : qb[64 * (e / 4) + 4 * lane + i];
-                    sums[e / 16] += code * xq[e];
-                }
+                for (int e = 0; e < BLOCK; e++)
+                    sums[e / 16] += lane_code(&view, qb, lane, e) * xq[e];
                 const float scale = job->x->scales[row * blocks + b];
-                const int64_t at = b * view.scales_per_block * GROUP + lane;
+                float d0, m0, d1, m1;
+                lane_scale(&view, b, 0, lane, &d0, &m0);
                 if (halves) {
+                    lane_scale(&view, b, 1, lane, &d1, &m1);
                     const float *s16 = job->x->sums16 + row * 2 * blocks + 2 * b;
-                    total += view.d[at] * scale * (float)sums[0] + view.m[at] * s16[0];
-                    total += view.d[at + GROUP] * scale * (float)sums[1]
-                             + view.m[at + GROUP] * s16[1];
+                    total += d0 * scale * (float)sums[0] + m0 * s16[0];
+                    total += d1 * scale * (float)sums[1] + m1 * s16[1];
                 } else {
-                    total += view.d[at] * scale * (float)(sums[0] + sums[1])
-                             + view.m[at] * job->x->sums32[row * blocks + b];
+                    total += d0 * scale * (float)(sums[0] + sums[1])
+                             + m0 * job->x->sums32[row * blocks + b];
                 }
             }
             job->y[row * job->ldy + group * GROUP + lane] = total;
         }
+}
+
+/* One tile on this build's loop. The super-block forms have a vector tile on the
+ * avx2 loop only (block_int8_256.h); the other loops take them one column at a time,
+ * and the loader keeps their wide forms there (int8_blocks.py). */
+static void group_tile(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+#if INT8_PATH == INT8_AVX2
+    group_tile_256(job, group, r0, tile);
+#else
+    if (job->kind == BLOCKS_I8_Q4K || job->kind == BLOCKS_I8_Q6K) {
+        group_tile_portable(job, group, r0, tile);
+        return;
+    }
+#if INT8_PATH == INT8_AVX512_VNNI
+    group_tile_vnni(job, group, r0, tile);
+#elif INT8_PATH == INT8_AVX_VNNI
+    group_tile_256(job, group, r0, tile);
+#elif INT8_PATH == INT8_NEON || INT8_PATH == INT8_DOTPROD
+    group_tile_neon(job, group, r0, tile);
+#else
+    group_tile_portable(job, group, r0, tile);
+#endif
+#endif
 }
 
 static void int8_part(const void *arg, int part, int parts) {
@@ -243,19 +320,9 @@ static void int8_part(const void *arg, int part, int parts) {
     (void)parts;
     int64_t limit, group;
     while ((group = work_ranges_take(job->items, part, &limit)) >= 0)
-        for (int64_t r0 = 0; r0 < job->rows; r0 += INT8_ROW_TILE) {
-            const int tile = (int)(job->rows - r0 < INT8_ROW_TILE ? job->rows - r0
-                                                                   : INT8_ROW_TILE);
-#if INT8_PATH == INT8_AVX512_VNNI
-            group_tile_vnni(job, group, r0, tile);
-#elif INT8_PATH == INT8_AVX_VNNI || INT8_PATH == INT8_AVX2
-            group_tile_256(job, group, r0, tile);
-#elif INT8_PATH == INT8_NEON || INT8_PATH == INT8_DOTPROD
-            group_tile_neon(job, group, r0, tile);
-#else
-            group_tile_portable(job, group, r0, tile);
-#endif
-        }
+        for (int64_t r0 = 0; r0 < job->rows; r0 += INT8_ROW_TILE)
+            group_tile(job, group, r0, (int)(job->rows - r0 < INT8_ROW_TILE ? job->rows - r0
+                                                                            : INT8_ROW_TILE));
 }
 
 /* block_gemm for the int8 kinds (kernels.h): 1 for N not a multiple of 16, 2 when out
@@ -263,7 +330,7 @@ static void int8_part(const void *arg, int part, int parts) {
 int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                     const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                     int num_threads) {
-    if (n % GROUP) return 1;
+    if (n % GROUP || ((kind == BLOCKS_I8_Q4K || kind == BLOCKS_I8_Q6K) && k % 256)) return 1;
     const int64_t blocks = k / BLOCK;
     QuantizedRows quantized = {malloc((size_t)(rows * k)),
                                malloc(sizeof(float) * (size_t)(rows * blocks)),

@@ -17,6 +17,12 @@
  *     |c - 128| times x with c - 128's sign, and 128 * sum(x) is added back.
  * The integers are the portable loop's, so only the fp32 scaling's order differs.
  *
+ * The super-block forms (avx2 only) take the same sums: I8_Q4K's codes are I8_Q4's,
+ * and I8_Q6K's low nibbles and high bits unpack straight to q (0..63), the halves
+ * form's c - 96. Their per-block scales are formed once per block and half from the
+ * integer sub-scales (block_int8.c's header), so every row's fp32 operations are the
+ * wide forms' own.
+ *
  * The form and the tile's rows are compile-time constants in each instance
  * (group_tile_256 dispatches), so the row loop unrolls and no branch is left inside.
  */
@@ -25,7 +31,11 @@
 
 #include <immintrin.h>
 
-enum { FORM_Q4, FORM_U8, FORM_U8_HALVES };
+enum { FORM_Q4, FORM_U8, FORM_U8_HALVES, FORM_Q4K, FORM_Q6K };
+
+/* Forms whose blocks are 4-bit codes summed whole, and forms with two scales a block. */
+#define NIBBLE_FORM(form) ((form) == FORM_Q4 || (form) == FORM_Q4K)
+#define HALVES_FORM(form) ((form) == FORM_U8_HALVES || (form) == FORM_Q6K)
 
 /* acc + the dword sums of w's unsigned bytes times x's signed ones (AVX-VNNI). */
 #if INT8_PATH == INT8_AVX_VNNI
@@ -41,12 +51,25 @@ static inline __m256i widen_pairs(__m256i pairs16) {
  * |c - 128| in w with c - 128 in `sign`. */
 static inline __attribute__((always_inline)) void unpack_half(
         const uint8_t *qb, int h, const int form, __m256i *w, __m256i *sign) {
-    if (form == FORM_Q4) {
+    if (NIBBLE_FORM(form) || form == FORM_Q6K) {
         const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
         for (int t = 0; t < 4; t++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * t + 32 * h));
             w[t] = _mm256_and_si256(v, low_nibbles);
             w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+        }
+        if (form == FORM_Q6K) {
+            /* bits 2t..2t+1 of each byte to bits 4..5: shifts within 16-bit lanes,
+             * the bits crossing into the neighbour byte masked off */
+            const __m256i high_bits = _mm256_set1_epi8(0x30);
+            for (int u = 0; u < 2; u++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 256 + 64 * u + 32 * h));
+                __m256i *wu = w + 4 * u;
+                wu[0] = _mm256_or_si256(wu[0], _mm256_and_si256(_mm256_slli_epi16(v, 4), high_bits));
+                wu[1] = _mm256_or_si256(wu[1], _mm256_and_si256(_mm256_slli_epi16(v, 2), high_bits));
+                wu[2] = _mm256_or_si256(wu[2], _mm256_and_si256(v, high_bits));
+                wu[3] = _mm256_or_si256(wu[3], _mm256_and_si256(_mm256_srli_epi16(v, 2), high_bits));
+            }
         }
         return;
     }
@@ -80,11 +103,11 @@ static inline __attribute__((always_inline)) void row_sums(
         a = DOT_U8(a, w[t], x[t]);
         c = DOT_U8(c, w[4 + t], x[4 + t]);
     }
-    if (form == FORM_Q4) a = _mm256_add_epi32(a, c), c = _mm256_setzero_si256();
+    if (NIBBLE_FORM(form)) a = _mm256_add_epi32(a, c), c = _mm256_setzero_si256();
     *low = a;
     *high = c;
 #else
-    if (form == FORM_Q4) {
+    if (NIBBLE_FORM(form)) {
         __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x[0]),
                                      _mm256_maddubs_epi16(w[1], x[1]));
         for (int t = 2; t < 8; t++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[t], x[t]));
@@ -92,12 +115,12 @@ static inline __attribute__((always_inline)) void row_sums(
         *high = _mm256_setzero_si256();
         return;
     }
-    const int offset = form == FORM_U8_HALVES ? 96 : 128;
+    const int offset = HALVES_FORM(form) ? 96 : 128;
     __m256i half[2];
     for (int part = 0; part < 2; part++) {
         const __m256i *wp = w + 4 * part, *xp = x + 4 * part;
         __m256i a = _mm256_set1_epi32(offset * code_sums[part]);
-        if (form == FORM_U8_HALVES) {
+        if (HALVES_FORM(form)) {
             a = _mm256_add_epi32(a, widen_pairs(_mm256_add_epi16(
                     _mm256_maddubs_epi16(wp[0], xp[0]), _mm256_maddubs_epi16(wp[1], xp[1]))));
             a = _mm256_add_epi32(a, widen_pairs(_mm256_add_epi16(
@@ -115,16 +138,50 @@ static inline __attribute__((always_inline)) void row_sums(
 #endif
 }
 
+/* Half h's scales and minima of block b (the halves forms: of both 16-weight halves,
+ * in *d1 and *m1 too): loaded, or for the super-block forms formed from their integer
+ * sub-scales as the parser forms the wide forms' values (block_parse.c). */
+static inline __attribute__((always_inline)) void half_scales(
+        const GroupView *view, int64_t b, int h, const int form,
+        __m256 *d0, __m256 *m0, __m256 *d1, __m256 *m1) {
+    if (form == FORM_Q4K) {
+        const float *sup = view->d + (b / 8) * 2 * GROUP + 8 * h;
+        const uint8_t *sub = view->sub + b * 2 * GROUP + 8 * h;
+        *d0 = _mm256_mul_ps(_mm256_loadu_ps(sup), _mm256_cvtepi32_ps(
+                  _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sub))));
+        const __m256 minimum = _mm256_mul_ps(_mm256_loadu_ps(sup + GROUP), _mm256_cvtepi32_ps(
+                  _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + GROUP)))));
+        *m0 = _mm256_xor_ps(minimum, _mm256_set1_ps(-0.0f));
+        return;
+    }
+    if (form == FORM_Q6K) {
+        const __m256 sup = _mm256_loadu_ps(view->d + (b / 8) * GROUP + 8 * h);
+        const uint8_t *sub = view->sub + b * 2 * GROUP + 8 * h;
+        *d0 = _mm256_mul_ps(sup, _mm256_cvtepi32_ps(
+                  _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sub))));
+        *d1 = _mm256_mul_ps(sup, _mm256_cvtepi32_ps(
+                  _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + GROUP)))));
+        *m0 = _mm256_mul_ps(*d0, _mm256_set1_ps(-128.0f));
+        *m1 = _mm256_mul_ps(*d1, _mm256_set1_ps(-128.0f));
+        return;
+    }
+    const int64_t at = b * (HALVES_FORM(form) ? 2 : 1) * GROUP + 8 * h;
+    *d0 = _mm256_loadu_ps(view->d + at);
+    *m0 = _mm256_loadu_ps(view->m + at);
+    if (HALVES_FORM(form)) {
+        *d1 = _mm256_loadu_ps(view->d + at + GROUP);
+        *m1 = _mm256_loadu_ps(view->m + at + GROUP);
+    }
+}
+
 /* One group of 16 columns against `tile` rows (from row r0), all blocks; each half's
- * weights are unpacked once per block for the tile's rows. */
+ * weights and scales are unpacked once per block for the tile's rows. */
 static inline __attribute__((always_inline)) void group_tile_256_form(
         const Int8Job *job, int64_t group, int64_t r0, const int tile, const int form) {
     const GroupView view = group_view(job, group);
     const int64_t blocks = view.blocks, k = job->k;
-    const int64_t block_bytes = form == FORM_Q4 ? 256 : 512;       /* constants here */
-    const int64_t scales_per_block = form == FORM_U8_HALVES ? 2 : 1;
+    const int64_t block_bytes = NIBBLE_FORM(form) ? 256 : form == FORM_Q6K ? 384 : 512;
     const uint8_t *q = view.q;
-    const float *d = view.d, *m = view.m;
     const int8_t *codes = job->x->codes + r0 * k;
     const float *scales = job->x->scales + r0 * blocks, *sums16 = job->x->sums16 + r0 * 2 * blocks;
     const float *sums32 = job->x->sums32 + r0 * blocks;
@@ -135,19 +192,17 @@ static inline __attribute__((always_inline)) void group_tile_256_form(
         const uint8_t *qb = q + b * block_bytes;
         _mm_prefetch((const char *)(qb + 8 * block_bytes), _MM_HINT_T0);
         _mm_prefetch((const char *)(qb + 8 * block_bytes + 64), _MM_HINT_T0);
-        const float *db = d + b * scales_per_block * GROUP, *mb = m + b * scales_per_block * GROUP;
         for (int h = 0; h < 2; h++) {
             __m256i w[8], sign[8];
+            __m256 d0, m0, d1 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
             unpack_half(qb, h, form, w, sign);
-            const __m256 d0 = _mm256_loadu_ps(db + 8 * h), m0 = _mm256_loadu_ps(mb + 8 * h);
+            half_scales(&view, b, h, form, &d0, &m0, &d1, &m1);
             for (int r = 0; r < tile; r++) {
                 __m256i low, high;
                 row_sums(w, sign, (const int32_t *)(codes + r * k + b * BLOCK),
                          code_sums + r * 2 * blocks + 2 * b, form, &low, &high);
                 const __m256 scale = _mm256_broadcast_ss(scales + r * blocks + b);
-                if (form == FORM_U8_HALVES) {
-                    const __m256 d1 = _mm256_loadu_ps(db + GROUP + 8 * h);
-                    const __m256 m1 = _mm256_loadu_ps(mb + GROUP + 8 * h);
+                if (HALVES_FORM(form)) {
                     const float *s16 = sums16 + r * 2 * blocks + 2 * b;
                     __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low),
                                                _mm256_mul_ps(d0, scale), acc[r][h]);
@@ -155,7 +210,7 @@ static inline __attribute__((always_inline)) void group_tile_256_form(
                     a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(d1, scale), a);
                     acc[r][h] = _mm256_fmadd_ps(m1, _mm256_broadcast_ss(s16 + 1), a);
                 } else {
-                    const __m256i total = form == FORM_Q4 ? low : _mm256_add_epi32(low, high);
+                    const __m256i total = NIBBLE_FORM(form) ? low : _mm256_add_epi32(low, high);
                     const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
                                                      _mm256_mul_ps(d0, scale), acc[r][h]);
                     acc[r][h] = _mm256_fmadd_ps(m0, _mm256_broadcast_ss(sums32 + r * blocks + b),
@@ -198,7 +253,29 @@ static __attribute__((noinline)) void group_tile_256_halves(const Int8Job *job, 
     TILE_CASES(FORM_U8_HALVES)
 }
 
+#if INT8_PATH == INT8_AVX2
+static __attribute__((noinline)) void group_tile_256_q4k(const Int8Job *job, int64_t group,
+                                                         int64_t r0, int tile) {
+    TILE_CASES(FORM_Q4K)
+}
+
+static __attribute__((noinline)) void group_tile_256_q6k(const Int8Job *job, int64_t group,
+                                                         int64_t r0, int tile) {
+    TILE_CASES(FORM_Q6K)
+}
+#endif
+
 static void group_tile_256(const Int8Job *job, int64_t group, int64_t r0, int tile) {
+#if INT8_PATH == INT8_AVX2
+    if (job->kind == BLOCKS_I8_Q4K) {
+        group_tile_256_q4k(job, group, r0, tile);
+        return;
+    }
+    if (job->kind == BLOCKS_I8_Q6K) {
+        group_tile_256_q6k(job, group, r0, tile);
+        return;
+    }
+#endif
     if (job->kind == BLOCKS_I8_Q4) group_tile_256_q4(job, group, r0, tile);
     else if (job->kind == BLOCKS_I8_U8_HALVES) group_tile_256_halves(job, group, r0, tile);
     else group_tile_256_u8(job, group, r0, tile);

@@ -24,7 +24,14 @@
 typedef struct {
     uint8_t bytes[BLOCK];        /* Q4_1 form: 16 bytes, element j low, j + 16 high */
     float d[2], m[2];            /* [1]: Q8_16's second 16 weights */
+    float super[2];              /* K types: the super-block's d (and Q4_K's dmin) */
+    int sub[2];                  /* K types: Q4_K's 6-bit scale and minimum, Q6_K's two
+                                  * int8 scales: d[h] = super[0] * sub[h] (Q4_K's m[0] =
+                                  * -(super[1] * sub[1])) */
 } Decoded;
+
+static const int64_t block_bytes_of[] = GGUF_BLOCK_BYTES;
+static const int64_t block_weights_of[] = GGUF_BLOCK_WEIGHTS;
 
 static inline float fp16_value(const uint8_t *at) {
     const uint16_t h = (uint16_t)(at[0] | at[1] << 8);
@@ -70,8 +77,7 @@ static void k_scale_min(const uint8_t *packed, int j, int *scale, int *minimum) 
 static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) {
     if (type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q8_0 || type == GGUF_Q5_0
         || type == GGUF_Q5_1) {
-        static const int bytes_of[] = {0, 18, 20, 22, 24, 34};
-        const uint8_t *block = row + b * bytes_of[type];
+        const uint8_t *block = row + b * block_bytes_of[type];
         out->d[0] = fp16_value(block);
         if (type == GGUF_Q4_0) {
             memcpy(out->bytes, block + 2, 16);
@@ -99,7 +105,7 @@ static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) 
         /* element 128 h + r: low 4 bits in nibble r / 64 of byte 64 h + r % 64, high 2
          * bits at bit 2 (r / 32) of byte 128 + 32 h + r % 32; a block's r / 64 and
          * r / 32 are fixed, so its bytes are runs of both */
-        const uint8_t *block = row + super * 210;
+        const uint8_t *block = row + super * block_bytes_of[type];
         const int8_t *scales = (const int8_t *)(block + 192);
         const float d = fp16_value(block + 208);
         const int half = (int)sub / 4, r0 = BLOCK * ((int)sub % 4);
@@ -108,17 +114,21 @@ static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) 
         for (int j = 0; j < BLOCK; j++)
             out->bytes[j] = (uint8_t)((((low[j] >> low_shift) & 15)
                                        | ((high[j] >> high_shift) & 3) << 4) - 32);
-        out->d[0] = d * (float)scales[2 * sub];
-        out->d[1] = d * (float)scales[2 * sub + 1];
+        out->super[0] = d;
+        out->sub[0] = scales[2 * sub];
+        out->sub[1] = scales[2 * sub + 1];
+        out->d[0] = d * (float)out->sub[0];
+        out->d[1] = d * (float)out->sub[1];
         return;
     }
     const int q5 = type == GGUF_Q5_K;
-    const uint8_t *block = row + super * (q5 ? 176 : 144);
+    const uint8_t *block = row + super * block_bytes_of[type];
     const uint8_t *codes = block + (q5 ? 48 : 16) + 32 * (sub / 2);
-    int scale, minimum;
-    k_scale_min(block + 4, (int)sub, &scale, &minimum);
-    out->d[0] = fp16_value(block) * (float)scale;
-    out->m[0] = -(fp16_value(block + 2) * (float)minimum);
+    k_scale_min(block + 4, (int)sub, &out->sub[0], &out->sub[1]);
+    out->super[0] = fp16_value(block);
+    out->super[1] = fp16_value(block + 2);
+    out->d[0] = out->super[0] * (float)out->sub[0];
+    out->m[0] = -(out->super[1] * (float)out->sub[1]);
     const int shift = 4 * (int)(sub % 2);
     if (!q5) {                                   /* Q4_1 form: element j | element j + 16 */
         for (int j = 0; j < 16; j++)
@@ -141,8 +151,47 @@ typedef struct {
     WorkRanges *items;           /* rows */
 } ParseJob;
 
+/* Decoded block b of row `row` in the super-block forms (block_int8.c's header):
+ * codes in I8_Q4's nibble order (I8_Q6K: the low 4 bits so, then a plane of the high 2
+ * bits), the fp32 super-block scales per lane, the integer sub-scales as bytes. */
+static void store_super_block(const ParseJob *job, int64_t row, int64_t b,
+                              const Decoded *block) {
+    const int64_t blocks = job->k / BLOCK, supers = job->k / 256;
+    const int64_t group = row / GROUP, lane = row % GROUP, s = b / 8;
+    const int q6 = job->form == BLOCKS_I8_Q6K;
+    uint8_t *out = job->codes + (group * blocks + b) * GROUP * (q6 ? 24 : 16);
+    uint8_t *sub = (uint8_t *)job->m + (group * blocks + b) * 2 * GROUP;
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t *at = out + (t * GROUP + lane) * 4 + i;
+            if (!q6) {
+                *at = block->bytes[4 * t + i];
+                continue;
+            }
+            const int low = block->bytes[4 * t + i] + 32, high = block->bytes[16 + 4 * t + i] + 32;
+            *at = (uint8_t)((low & 15) | (high & 15) << 4);
+        }
+    if (q6)
+        for (int u = 0; u < 2; u++)
+            for (int i = 0; i < 4; i++) {
+                int bits = 0;
+                for (int t = 0; t < 4; t++)
+                    bits |= (((int8_t)block->bytes[16 * u + 4 * t + i] + 32) >> 4 & 3) << 2 * t;
+                out[256 + (u * GROUP + lane) * 4 + i] = (uint8_t)bits;
+            }
+    for (int h = 0; h < 2; h++) {
+        sub[h * GROUP + lane] = (uint8_t)block->sub[h];
+        if (q6 && h == 1) break;
+        job->d[((group * supers + s) * (q6 ? 1 : 2) + h) * GROUP + lane] = block->super[h];
+    }
+}
+
 /* Decoded block b of destination row `row` written where `form` keeps it. */
 static void store_block(const ParseJob *job, int64_t row, int64_t b, Decoded *block) {
+    if (job->form == BLOCKS_I8_Q4K || job->form == BLOCKS_I8_Q6K) {
+        store_super_block(job, row, b, block);
+        return;
+    }
     const int64_t blocks = job->k / BLOCK;
     const int nibbles = job->form == BLOCKS_Q4 || job->form == BLOCKS_I8_Q4;
     const int halves = job->form == BLOCKS_Q8_HALVES || job->form == BLOCKS_I8_U8_HALVES;
@@ -174,7 +223,7 @@ static void parse_part(const void *arg, int part, int parts) {
     const ParseJob *job = arg;
     (void)parts;
     int64_t limit, i;
-    Decoded block = {{0}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    Decoded block = {{0}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0, 0}};
     while ((i = work_ranges_take(job->items, part, &limit)) >= 0) {
         const uint8_t *row = job->raw + (job->order ? job->order[i] : i) * job->row_bytes;
         for (int64_t b = 0; b < job->k / BLOCK; b++) {
@@ -186,8 +235,7 @@ static void parse_part(const void *arg, int part, int parts) {
 
 /* Bytes of one GGUF row of `type` with k weights (k a multiple of its block). */
 static int64_t gguf_row_bytes(int type, int64_t k) {
-    static const int64_t bytes_of[] = {0, 18, 20, 22, 24, 34, 144, 176, 210};
-    return type >= GGUF_Q4_K ? k / 256 * bytes_of[type] : k / BLOCK * bytes_of[type];
+    return k / block_weights_of[type] * block_bytes_of[type];
 }
 
 /* Whether every row the job reads lies in raw [raw_rows, row_bytes] and every row it
@@ -215,8 +263,10 @@ static int rows_in_range(int type, int64_t n, int64_t k, int64_t row_bytes,
 int parse_gguf_rows(int type, const uint8_t *raw, int64_t n, int64_t k, int64_t row_bytes,
                     int64_t raw_rows, const int64_t *order, int form, int64_t start,
                     int64_t out_rows, void *codes, float *d, float *m, int num_threads) {
-    if (type < GGUF_Q4_0 || type > GGUF_Q6_K || form < BLOCKS_Q4 || form > BLOCKS_I8_U8_HALVES
-        || k % 256 * (type >= GGUF_Q4_K) || k % BLOCK
+    if (type < GGUF_FIRST || type > GGUF_LAST || form < BLOCKS_FIRST || form > BLOCKS_LAST
+        || k % block_weights_of[type] || k % BLOCK
+        || (form == BLOCKS_I8_Q4K && type != GGUF_Q4_K)
+        || (form == BLOCKS_I8_Q6K && type != GGUF_Q6_K)
         || (form >= BLOCKS_I8_Q4 && (start % GROUP || n % GROUP))
         || !rows_in_range(type, n, k, row_bytes, raw_rows, order, start, out_rows))
         return 1;

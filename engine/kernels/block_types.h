@@ -11,6 +11,8 @@
 #define BLOCKS_I8_Q4 5   /* I8_Q4 */
 #define BLOCKS_I8_U8 6   /* I8_U8 */
 #define BLOCKS_I8_U8_HALVES 7   /* I8_U8_16 */
+#define BLOCKS_I8_Q4K 8   /* I8_Q4K */
+#define BLOCKS_I8_Q6K 9   /* I8_Q6K */
 
 #define GGUF_Q4_0 1
 #define GGUF_Q4_1 2
@@ -20,5 +22,13 @@
 #define GGUF_Q4_K 6
 #define GGUF_Q5_K 7
 #define GGUF_Q6_K 8
+
+#define BLOCKS_FIRST 1
+#define BLOCKS_LAST 9
+#define GGUF_FIRST 1
+#define GGUF_LAST 8
+/* per GGUF code: weights and bytes of one of its blocks */
+#define GGUF_BLOCK_WEIGHTS {0, 32, 32, 32, 32, 32, 256, 256, 256}
+#define GGUF_BLOCK_BYTES {0, 18, 20, 22, 24, 34, 144, 176, 210}
 
 #endif

@@ -16,7 +16,9 @@ from pathlib import Path
 @dataclass(frozen=True)
 class GgufType:
     """A GGUF block type: its name, the file's type id (ggml's), weights and bytes per
-    block, the kernel form it is read into, and block_parse.c's code for it."""
+    block, the kernel form it is read into, block_parse.c's code for it, and the
+    int8-activation form that keeps the file's width where the build's int8 loop has
+    a tile for it (None: the int8 form of `form` serves; see int8_blocks.py)."""
 
     name: str
     ggml_type: int
@@ -24,6 +26,7 @@ class GgufType:
     bytes: int
     form: str
     code: int
+    int8_at_width: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,12 @@ class KernelForm:
     scale_group: int
     minima: bool
     int8_form: str | None
+    bytes_per_256: int
+    """Bytes 256 weights take in memory, codes, scales and minima together: what a
+    token reads of them (docs/cpu-kernels.md, "Memory layout")."""
+    super_block: int = 0
+    """Weights per super-block whose fp32 scales the block's integer scales multiply
+    (0: every block holds fp32 scales)."""
 
 
 GGUF_TYPES = (
@@ -46,25 +55,28 @@ GGUF_TYPES = (
     GgufType("Q5_0", 6, 32, 22, "Q8_0", 3),
     GgufType("Q5_1", 7, 32, 24, "Q5_1", 4),
     GgufType("Q8_0", 8, 32, 34, "Q8_0", 5),
-    GgufType("Q4_K", 12, 256, 144, "Q4_1", 6),
+    GgufType("Q4_K", 12, 256, 144, "Q4_1", 6, "I8_Q4K"),
     GgufType("Q5_K", 13, 256, 176, "Q5_1", 7),
-    GgufType("Q6_K", 14, 256, 210, "Q8_16", 8),
+    GgufType("Q6_K", 14, 256, 210, "Q8_16", 8, "I8_Q6K"),
 )
 """Every GGUF block type read here; the K types' blocks are super-blocks of 256."""
 
 KERNEL_FORMS = (
-    KernelForm("Q4_1", 1, "BLOCKS_Q4", 32, True, "I8_Q4"),
-    KernelForm("Q8_0", 2, "BLOCKS_Q8", 32, False, "I8_U8"),
-    KernelForm("Q8_16", 3, "BLOCKS_Q8_HALVES", 16, False, "I8_U8_16"),
-    KernelForm("Q5_1", 4, "BLOCKS_Q5", 32, True, "I8_U8"),
-    KernelForm("I8_Q4", 5, "BLOCKS_I8_Q4", 32, True, None),
-    KernelForm("I8_U8", 6, "BLOCKS_I8_U8", 32, True, None),
-    KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None),
+    KernelForm("Q4_1", 1, "BLOCKS_Q4", 32, True, "I8_Q4", 192),
+    KernelForm("Q8_0", 2, "BLOCKS_Q8", 32, False, "I8_U8", 288),
+    KernelForm("Q8_16", 3, "BLOCKS_Q8_HALVES", 16, False, "I8_U8_16", 320),
+    KernelForm("Q5_1", 4, "BLOCKS_Q5", 32, True, "I8_U8", 320),
+    KernelForm("I8_Q4", 5, "BLOCKS_I8_Q4", 32, True, None, 192),
+    KernelForm("I8_U8", 6, "BLOCKS_I8_U8", 32, True, None, 320),
+    KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None, 384),
+    KernelForm("I8_Q4K", 8, "BLOCKS_I8_Q4K", 32, True, None, 152, 256),
+    KernelForm("I8_Q6K", 9, "BLOCKS_I8_Q6K", 16, False, None, 212, 256),
 )
 """Q4_1: 4-bit codes, a scale and a minimum per 32 (GGUF's Q4_0, Q4_1, Q4_K); Q8_0:
 int8 codes and a scale per 32 (Q8_0, Q5_0); Q8_16: int8 codes and a scale per 16
 (Q6_K); Q5_1: codes 0..31 a byte each with a scale and minimum per 32 (Q5_1, Q5_K);
-the I8_* forms of dtype int8-activations (block_int8.c's header)."""
+the I8_* forms of dtype int8-activations (block_int8.c's header): I8_Q4K and I8_Q6K
+keep Q4_K's and Q6_K's widths (integer sub-scales under fp32 super-block scales)."""
 
 GGML_TYPES = {t.ggml_type: (t.name, t.weights, t.bytes) for t in GGUF_TYPES}
 """ggml type id -> (name, weights per block, bytes per block)."""
@@ -77,6 +89,10 @@ BLOCK_KINDS = {form.name: form.code for form in KERNEL_FORMS}
 """Kernel form -> block_gemm's code."""
 INT8_FORM_OF = {form.name: form.int8_form for form in KERNEL_FORMS if form.int8_form}
 """Kernel form -> the int8-activation form it is repacked into."""
+INT8_AT_WIDTH = {t.name: t.int8_at_width for t in GGUF_TYPES if t.int8_at_width}
+"""GGUF type -> the int8-activation form that keeps its width."""
+FORMS = {form.name: form for form in KERNEL_FORMS}
+"""Kernel form name -> its traits."""
 
 HEADER = Path(__file__).with_name("block_types.h")
 
@@ -90,6 +106,16 @@ def c_header() -> str:
     lines += [f"#define {form.c_name} {form.code}   /* {form.name} */" for form in KERNEL_FORMS]
     lines.append("")
     lines += [f"#define GGUF_{t.name} {t.code}" for t in GGUF_TYPES]
+    by_code = {t.code: t for t in GGUF_TYPES}
+    codes = range(max(by_code) + 1)
+    lines += ["", f"#define BLOCKS_FIRST {min(f.code for f in KERNEL_FORMS)}",
+              f"#define BLOCKS_LAST {max(f.code for f in KERNEL_FORMS)}",
+              f"#define GGUF_FIRST {min(by_code)}", f"#define GGUF_LAST {max(by_code)}",
+              "/* per GGUF code: weights and bytes of one of its blocks */",
+              "#define GGUF_BLOCK_WEIGHTS {"
+              + ", ".join(str(by_code[c].weights if c in by_code else 0) for c in codes) + "}",
+              "#define GGUF_BLOCK_BYTES {"
+              + ", ".join(str(by_code[c].bytes if c in by_code else 0) for c in codes) + "}"]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
 

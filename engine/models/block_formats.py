@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.block_types import BYTES_PER_BLOCK, FORM_OF  # noqa: F401 (the one table)
+from ..kernels.block_types import BYTES_PER_BLOCK, FORM_OF, FORMS  # noqa: F401 (the one table)
 
 BLOCK = 32
 SUPER_BLOCK = 256
@@ -62,8 +62,7 @@ class Blocks:
     @property
     def shape(self) -> tuple[int, int]:
         """(rows N, row length K) of the weight the blocks hold."""
-        group = 16 if self.kind == "Q8_16" else BLOCK
-        return self.codes.shape[0], self.scales.shape[1] * group
+        return self.codes.shape[0], self.scales.shape[1] * FORMS[self.kind].scale_group
 
     def rows(self, index: torch.Tensor) -> "Blocks":
         return Blocks(self.kind, self.codes[index], self.scales[index],
@@ -85,8 +84,7 @@ class Blocks:
             codes = self.codes.view(n, -1, BLOCK).float()
             return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
         if self.kind != "Q4_1":
-            group = 16 if self.kind == "Q8_16" else BLOCK
-            codes = self.codes.view(n, -1, group).float()
+            codes = self.codes.view(n, -1, FORMS[self.kind].scale_group).float()
             return (self.scales[..., None] * codes).reshape(n, -1)
         nibbles = self.codes.view(n, -1, BLOCK // 2)
         codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()   # [N, K/32, 32]
@@ -124,11 +122,11 @@ def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
 def empty_blocks(form: str, rows: int, row_length: int) -> Blocks:
     """Blocks of kernel form `form` for `rows` rows of `row_length` weights, not yet
     written (parse_blocks_into fills them)."""
-    group = 16 if form == "Q8_16" else BLOCK
+    traits = FORMS[form]
     codes = (torch.empty(rows, row_length // 2, dtype=torch.uint8) if form == "Q4_1"
              else torch.empty(rows, row_length, dtype=torch.int8))
-    minima = torch.empty(rows, row_length // BLOCK) if form in ("Q4_1", "Q5_1") else None
-    return Blocks(form, codes, torch.empty(rows, row_length // group), minima)
+    minima = torch.empty(rows, row_length // BLOCK) if traits.minima else None
+    return Blocks(form, codes, torch.empty(rows, row_length // traits.scale_group), minima)
 
 
 DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0")

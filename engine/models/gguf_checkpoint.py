@@ -36,7 +36,7 @@ import torch
 from ..loading import return_freed_memory
 from .block_formats import FORM_OF, Blocks, empty_blocks, parse_blocks, parse_blocks_into
 from .gguf_tensors import GGUFTensor, read_gguf_file
-from .int8_blocks import LANES, empty_int8_blocks
+from .int8_blocks import LANES, empty_int8_blocks, int8_form_for
 
 
 @dataclass
@@ -71,8 +71,15 @@ class BlockParsing:
         """Unwritten blocks for parts of `row_counts` rows of GGUF type `kind`."""
         rows = sum(row_counts)
         if self.int8_activations and all(count % LANES == 0 for count in row_counts):
-            return empty_int8_blocks(FORM_OF[kind], rows, row_length)
+            return empty_int8_blocks(int8_form_for(kind, self.kernels.int8_path), rows,
+                                     row_length)
         return empty_blocks(FORM_OF[kind], rows, row_length)
+
+    def form_of(self, kind: str) -> str:
+        """The form a tensor of GGUF type `kind` is read into (whole groups of rows)."""
+        if self.int8_activations:
+            return int8_form_for(kind, self.kernels.int8_path)
+        return FORM_OF[kind]
 
     def parse_into(self, kind: str, raw: torch.Tensor, out: Blocks, start: int,
                    order: torch.Tensor | None) -> None:
@@ -166,7 +173,7 @@ def read_gguf_checkpoint(path: Path, config: Any,
     processor, mapping = _processing(gguf_file.architecture, config)
     named = {mapping[t.name]: t for t in gguf_file.tensors if t.name in mapping}
     checkpoint = GGUFCheckpoint({})
-    joined = _joined_groups(named, processor, mapping)
+    joined = _joined_groups(named, processor, mapping, parsing)
     for parts in joined.values():
         _read_joined(checkpoint, parts, named, parsing)
         for name, _ in parts:
@@ -185,9 +192,10 @@ def _done_with(gguf_file, tensor: GGUFTensor) -> None:
         return_freed_memory()
 
 
-def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict) -> dict:
+def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict,
+                   parsing: BlockParsing) -> dict:
     """fused projection name -> [(part name, row order or None), ...] for the fused
-    projections whose parts are all present, all blocks of one kernel form, and only
+    projections whose parts are all present, all read into one form, and only
     reordered by the processor (else their parts are read one by one)."""
     from .block_install import FUSED_PARTS
 
@@ -201,7 +209,8 @@ def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict) -> di
         names = [f"{stem}.layers.{index}.{p}.weight" for p in FUSED_PARTS[fused]]
         tensors = [named.get(n) for n in names]
         if any(t is None or t.kind not in FORM_OF for t in tensors) or len(
-                {FORM_OF[t.kind] for t in tensors}) != 1 or len({t.shape[1] for t in tensors}) != 1:
+                {parsing.form_of(t.kind) for t in tensors}) != 1 or len(
+                {t.shape[1] for t in tensors}) != 1:
             continue
         orders = [_row_order(processor, t, mapping) for t in tensors]
         if any(order is None for order in orders):

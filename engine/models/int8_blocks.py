@@ -16,17 +16,41 @@ forms straight from the file, kernels/block_parse.c):
 Every form is then w = d * c + m with unsigned codes c. The tensors keep their
 source's shapes ([N, K/2] or [N, K] codes, [N, K/32] or [N, K/16] scales), in the
 group order [N/16, K/32, vectors, 16 lanes, 4 bytes]; N must be a multiple of 16.
+
+Q4_K and Q6_K files keep their width in the super-block forms (SuperBlocks), where
+the build's int8 loop has a tile for them (SUPER_BLOCK_LOOPS):
+
+    form      from    codes                          scales          minima (bytes)
+    I8_Q4K    Q4_K    as I8_Q4, [N, K/2]             d, dmin per     scale, minimum
+                                                     256 [N, K/128]  per 32 [N, K/16]
+    I8_Q6K    Q6_K    low 4 bits as I8_Q4, then the  d per 256       int8 scale per
+                      high 2 bits, [N, 3K/4]         [N, K/256]      16 [N, K/16]
+
+A block's scale is then d * scale (and I8_Q4K's minimum -(dmin * minimum)): the wide
+forms' values to the bit, formed in the kernel as a block is read.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..kernels.block_types import INT8_FORM_OF
-from .block_formats import BLOCK, Blocks
+from ..kernels.block_types import FORM_OF, FORMS, INT8_AT_WIDTH, INT8_FORM_OF
+from .block_formats import BLOCK, SUPER_BLOCK, Blocks
 
 LANES = 16
 """Columns per group: the lanes of the kernels' vectors."""
+
+SUPER_BLOCK_LOOPS = ("avx2",)
+"""The int8 loops (native.py's INT8_PATHS) with a vector tile for the super-block
+forms; the others multiply them one column at a time, so there the wide forms serve."""
+
+
+def int8_form_for(gguf_kind: str, int8_loop: str) -> str:
+    """The int8-activation form a tensor of GGUF type `gguf_kind` is read into on a
+    build whose int8 loop is `int8_loop`."""
+    if int8_loop in SUPER_BLOCK_LOOPS and gguf_kind in INT8_AT_WIDTH:
+        return INT8_AT_WIDTH[gguf_kind]
+    return INT8_FORM_OF[FORM_OF[gguf_kind]]
 
 
 def to_int8_form(blocks: Blocks) -> "Int8Blocks":
@@ -35,7 +59,7 @@ def to_int8_form(blocks: Blocks) -> "Int8Blocks":
     file (kernels/block_parse.c); this is the reference its output is tested against."""
     kind = blocks.kind
     codes = blocks.codes.view(torch.uint8)
-    if kind in ("Q8_0", "Q8_16"):
+    if not FORMS[kind].minima:                 # the forms of signed codes (Q8_0, Q8_16)
         codes = codes ^ 0x80                   # signed q -> unsigned q + 128
     minima = blocks.minima if blocks.minima is not None else -128.0 * blocks.scales
     return Int8Blocks(INT8_FORM_OF[kind], _interleave_codes(codes),
@@ -47,8 +71,7 @@ class Int8Blocks(Blocks):
 
     @property
     def shape(self) -> tuple[int, int]:
-        group = 16 if self.kind == "I8_U8_16" else BLOCK
-        return self.codes.shape[0], self.scales.shape[1] * group
+        return self.codes.shape[0], self.scales.shape[1] * FORMS[self.kind].scale_group
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32 of d * c + m: for steps the kernels do not take (another dtype
@@ -65,8 +88,7 @@ class Int8Blocks(Blocks):
             codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
         scales, minima = (values.view(n // LANES, -1, LANES)[groups, :, lanes]
                           for values in (self.scales, self.minima))
-        group = 16 if self.kind == "I8_U8_16" else BLOCK
-        values = codes.reshape(codes.shape[0], -1, group).float()
+        values = codes.reshape(codes.shape[0], -1, FORMS[self.kind].scale_group).float()
         return (scales[..., None] * values + minima[..., None]).reshape(codes.shape[0], -1)
 
     def rows(self, index: torch.Tensor) -> Blocks:
@@ -80,15 +102,60 @@ class Int8Blocks(Blocks):
                           self.minima[start:stop])
 
 
-def empty_int8_blocks(form: str, rows: int, row_length: int) -> Int8Blocks:
-    """Int8Blocks repacked from kernel form `form` (INT8_FORM_OF), for `rows` rows (a
-    multiple of 16) of `row_length` weights, not yet written (the native parser fills
-    them)."""
-    group = 16 if form == "Q8_16" else BLOCK
-    width = row_length // 2 if form == "Q4_1" else row_length
-    return Int8Blocks(INT8_FORM_OF[form], torch.empty(rows, width, dtype=torch.uint8),
+def empty_int8_blocks(int8_form: str, rows: int, row_length: int) -> Int8Blocks:
+    """Int8Blocks of form `int8_form` (an I8_* form) for `rows` rows (a multiple of
+    16) of `row_length` weights, not yet written (the native parser fills them)."""
+    if FORMS[int8_form].super_block:
+        q6 = int8_form == "I8_Q6K"
+        return SuperBlocks(
+            int8_form,
+            torch.empty(rows, row_length * 3 // 4 if q6 else row_length // 2, dtype=torch.uint8),
+            torch.empty(rows, row_length // SUPER_BLOCK * (1 if q6 else 2)),
+            torch.empty(rows, row_length // 16, dtype=torch.uint8))
+    group = FORMS[int8_form].scale_group
+    width = row_length // 2 if int8_form == "I8_Q4" else row_length
+    return Int8Blocks(int8_form, torch.empty(rows, width, dtype=torch.uint8),
                       torch.empty(rows, row_length // group),
                       torch.empty(rows, row_length // group))
+
+
+class SuperBlocks(Int8Blocks):
+    """Blocks in a super-block form (I8_Q4K, I8_Q6K): `scales` holds the fp32
+    super-block scales, `minima` the integer sub-scales (bytes), in group order."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape[0], self.minima.shape[1] * 16
+
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` [T] of the weight, [T, K] fp32: the wide form's values."""
+        groups, lanes = index // LANES, index % LANES
+        n, k = self.shape
+        g, blocks = n // LANES, k // BLOCK
+        per_block = self.codes.view(g, blocks, -1)                   # [G, B, block bytes]
+        low = per_block[..., :256].reshape(g, blocks, 4, LANES, 4)[groups, :, :, lanes]
+        nibbles = low.reshape(-1, blocks, 16)                        # [T, B, byte 4t + i]
+        codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).to(torch.int32)  # [T, B, 32]
+        sub = self.minima.view(g, blocks, 2, LANES)[groups, :, :, lanes]           # [T, B, 2]
+        if self.kind == "I8_Q4K":
+            sup = self.scales.view(g, -1, 2, LANES)[groups, :, :, lanes]            # [T, S, 2]
+            sup = sup.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)                # [T, B, 2]
+            d = sup[..., 0] * sub[..., 0].float()
+            m = -(sup[..., 1] * sub[..., 1].float())
+            return (d[..., None] * codes.float() + m[..., None]).reshape(-1, k)
+        high = per_block[..., 256:].reshape(g, blocks, 2, LANES, 4)[groups, :, :, lanes]
+        shifts = (2 * torch.arange(4, dtype=torch.int32)).view(4, 1)               # [t, 1]
+        high = (high[:, :, :, None, :].to(torch.int32) >> shifts) & 3              # [T, B, u, t, i]
+        codes = codes | (high.reshape(-1, blocks, 32) << 4)          # element 16 u + 4 t + i
+        sup = self.scales.view(g, -1, LANES)[groups, :, lanes]                      # [T, S]
+        d = sup.repeat_interleave(SUPER_BLOCK // 16, dim=1).view(-1, blocks, 2)
+        d = d * sub.view(torch.int8).float()
+        values = (codes - 32).float().view(-1, blocks, 2, 16)
+        return (d[..., None] * values).reshape(-1, k)
+
+    def row_range(self, start: int, stop: int) -> "SuperBlocks":
+        part = super().row_range(start, stop)
+        return SuperBlocks(part.kind, part.codes, part.scales, part.minima)
 
 
 def _interleave_codes(codes: torch.Tensor) -> torch.Tensor:

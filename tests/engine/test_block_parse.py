@@ -11,6 +11,7 @@ import torch
 
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, empty_blocks, parse_blocks
 from engine.models.gguf_checkpoint import BlockParsing
+from engine.kernels.block_types import INT8_FORM_OF
 from engine.models.int8_blocks import Int8Blocks, empty_int8_blocks, to_int8_form
 from tests.engine.test_block_formats import FP16_FIELDS, kernels, random_blocks  # noqa: F401
 
@@ -46,14 +47,17 @@ def test_native_parse_equals_torch(kernels, kind, reordered, int8):  # noqa: F81
     want = want.rows(order) if reordered else want
     want = to_int8_form(want) if int8 else want
     ahead = 16 if int8 else 32                            # a first part's rows before
-    out = (empty_int8_blocks if int8 else empty_blocks)(FORM_OF[kind], ahead + ROWS, COLS)
+    form = INT8_FORM_OF[FORM_OF[kind]] if int8 else FORM_OF[kind]
+    out = (empty_int8_blocks if int8 else empty_blocks)(form, ahead + ROWS, COLS)
     kernels.parse_gguf(kind, raw, out, ahead, order)
     assert_same_blocks(out.row_range(ahead, ahead + ROWS), want)
 
 
 def test_rows_in_whole_groups_are_parsed_into_the_int8_forms(kernels):  # noqa: F811
     parsing = BlockParsing(kernels, int8_activations=True)
-    assert isinstance(parsing.empty("Q4_K", [16, 32], 256), Int8Blocks)
+    whole = parsing.empty("Q4_K", [16, 32], 256)
+    assert isinstance(whole, Int8Blocks)
+    assert whole.kind == ("I8_Q4K" if kernels.int8_path == "avx2" else "I8_Q4")
     cut = parsing.empty("Q4_K", [16, 24], 256)          # 24 rows cut a group: kernel form
     assert not isinstance(cut, Int8Blocks) and cut.kind == "Q4_1"
 
@@ -61,7 +65,7 @@ def test_rows_in_whole_groups_are_parsed_into_the_int8_forms(kernels):  # noqa: 
 def test_int8_forms_refuse_rows_that_cut_a_group(kernels):  # noqa: F811
     raw = torch.from_numpy(random_blocks("Q8_0", ROWS, COLS, seed=5))
     with pytest.raises(ValueError, match="cannot parse 48 Q8_0 rows"):
-        kernels.parse_gguf("Q8_0", raw, empty_int8_blocks("Q8_0", 64, COLS), 8, None)
+        kernels.parse_gguf("Q8_0", raw, empty_int8_blocks("I8_U8", 64, COLS), 8, None)
 
 
 @pytest.mark.parametrize("damage", ["order past raw", "negative order", "short raw rows",
