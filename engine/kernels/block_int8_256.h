@@ -224,6 +224,70 @@ static inline __attribute__((always_inline)) void group_tile_256_form(
             _mm256_storeu_ps(job->y + (r0 + r) * job->ldy + group * GROUP + 8 * h, acc[r][h]);
 }
 
+#if INT8_PATH == INT8_AVX2
+/* I8_Q6K's tile: its integer sub-scales applied in the integers. Per half block,
+ * vpmaddwd multiplies each 16-weight half's int16 pair sums by its scale (a lane's
+ * int8 scale in both int16 halves of its dword), and one more vpmaddwd adds -32 x
+ * (scale0 x code_sum0 + scale1 x code_sum1), so a lane's int32 is exactly
+ *   sum over the block of scale(e) * (q(e) - 32) * xq(e),
+ * at most 2 x 128 x 16 x 32 x 127 in size: exact in fp32 (< 2^24). One conversion
+ * and one FMA by d * dx per row then finish the block, where the wide form takes two
+ * of each and two FMAs for its minima. The products equal the wide form's within
+ * fp32 rounding (the scale meets d before dx there). */
+static inline __attribute__((always_inline)) void group_tile_256_q6k_form(
+        const Int8Job *job, int64_t group, int64_t r0, const int tile) {
+    const GroupView view = group_view(job, group);
+    const int64_t blocks = view.blocks, k = job->k, block_bytes = 384;
+    const int8_t *codes = job->x->codes + r0 * k;
+    const float *scales = job->x->scales + r0 * blocks;
+    const int32_t *code_sums = job->x->code_sums16 + r0 * 2 * blocks;
+    const __m256i low_words = _mm256_set1_epi32(0xFFFF);
+    __m256 acc[INT8_ROW_TILE][2];
+    for (int r = 0; r < tile; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *qb = view.q + b * block_bytes;
+        _mm_prefetch((const char *)(qb + 8 * block_bytes), _MM_HINT_T0);
+        _mm_prefetch((const char *)(qb + 8 * block_bytes + 64), _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8];
+            unpack_half(qb, h, FORM_Q6K, w, NULL);
+            const uint8_t *sub = view.sub + b * 2 * GROUP + 8 * h;
+            const __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sub));
+            const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + GROUP)));
+            const __m256i pair0 = _mm256_or_si256(_mm256_and_si256(s0, low_words),
+                                                  _mm256_slli_epi32(s0, 16));
+            const __m256i pair1 = _mm256_or_si256(_mm256_and_si256(s1, low_words),
+                                                  _mm256_slli_epi32(s1, 16));
+            const __m256i offsets = _mm256_or_si256(   /* -32 scale0 | -32 scale1 << 16 */
+                _mm256_and_si256(_mm256_mullo_epi16(s0, _mm256_set1_epi16(-32)), low_words),
+                _mm256_slli_epi32(_mm256_mullo_epi16(s1, _mm256_set1_epi16(-32)), 16));
+            const __m256 d = _mm256_loadu_ps(view.d + (b / 8) * GROUP + 8 * h);
+            for (int r = 0; r < tile; r++) {
+                const int32_t *xq = (const int32_t *)(codes + r * k + b * BLOCK);
+                const int32_t *cs = code_sums + r * 2 * blocks + 2 * b;
+                __m256i x[8];
+                for (int t = 0; t < 8; t++) x[t] = _mm256_set1_epi32(xq[t]);
+                __m256i total = _mm256_madd_epi16(
+                    offsets, _mm256_set1_epi32((int32_t)(((uint32_t)cs[0] & 0xFFFFu)
+                                                         | ((uint32_t)cs[1] << 16))));
+                for (int part = 0; part < 4; part++) {
+                    const __m256i sums = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w[2 * part], x[2 * part]),
+                        _mm256_maddubs_epi16(w[2 * part + 1], x[2 * part + 1]));
+                    total = _mm256_add_epi32(total, _mm256_madd_epi16(sums, part < 2 ? pair0 : pair1));
+                }
+                const __m256 scale = _mm256_broadcast_ss(scales + r * blocks + b);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, scale),
+                                            acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < tile; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(job->y + (r0 + r) * job->ldy + group * GROUP + 8 * h, acc[r][h]);
+}
+#endif
+
 /* Instances per form with the tile's rows constant: full tiles of INT8_ROW_TILE, and
  * a step's remainder (or a decode step of a few rows) by its own count. */
 #define TILE_CASES(form)                                                              \
@@ -261,7 +325,16 @@ static __attribute__((noinline)) void group_tile_256_q4k(const Int8Job *job, int
 
 static __attribute__((noinline)) void group_tile_256_q6k(const Int8Job *job, int64_t group,
                                                          int64_t r0, int tile) {
-    TILE_CASES(FORM_Q6K)
+    switch (tile) {
+    case 1: group_tile_256_q6k_form(job, group, r0, 1); break;
+    case 2: group_tile_256_q6k_form(job, group, r0, 2); break;
+    case 3: group_tile_256_q6k_form(job, group, r0, 3); break;
+    case 4: group_tile_256_q6k_form(job, group, r0, 4); break;
+    case 5: group_tile_256_q6k_form(job, group, r0, 5); break;
+    case 6: group_tile_256_q6k_form(job, group, r0, 6); break;
+    case 7: group_tile_256_q6k_form(job, group, r0, 7); break;
+    default: group_tile_256_q6k_form(job, group, r0, INT8_ROW_TILE);
+    }
 }
 #endif
 

@@ -2,11 +2,12 @@
 Q4_K and Q6_K read at their file's width (integer sub-scales under fp32 super-block
 scales) instead of the wide forms' fp32 scales per block.
 
-They hold gguf-py's weights bit for bit, their products are the wide forms' to the
-bit on the avx2 loop (the same integers and the same fp32 scales, formed in the
-kernel) and within fp32 rounding of the quantized reference on every level, a real
-Q4_K_M file loads into them and answers as the wide forms do, and they take the
-bytes the type table says (what a token reads)."""
+They hold gguf-py's weights bit for bit; on the avx2 loop I8_Q4K's products are the
+wide form's to the bit (the same integers meet the same fp32 scales, formed in the
+kernel) and I8_Q6K's within fp32 rounding of them (its sub-scales are applied in the
+integers); on every level they are within fp32 rounding of the quantized reference.
+A real Q4_K_M file loads into them and answers as the wide forms do, and they take
+the bytes the type table says (what a token reads)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def test_super_blocks_hold_gguf_pys_weights(kernels, kind, reordered):  # noqa: 
 
 @pytest.mark.parametrize("kind", sorted(SUPER))
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
-def test_products_equal_the_wide_forms_to_the_bit(kernels, kind, rows):  # noqa: F811
-    """On a build with the super-block tile the same integers meet the same fp32
-    scales; elsewhere the portable loop sums them, within fp32 rounding."""
+def test_products_equal_the_wide_forms(kernels, kind, rows):  # noqa: F811
+    """On a build with the super-block tile I8_Q4K's integers meet the same fp32
+    scales as I8_Q4's (equal to the bit); I8_Q6K's and the portable loop's sums are
+    within fp32 rounding."""
     raw = torch.from_numpy(random_blocks(kind, 64, 1024, seed=rows))
     blocks = parsed(kernels, kind, SUPER[kind], raw)
     wide = parsed(kernels, kind, INT8_FORM_OF[FORM_OF[kind]], raw)
@@ -62,10 +64,11 @@ def test_products_equal_the_wide_forms_to_the_bit(kernels, kind, rows):  # noqa:
     x[0, :32] = 0.0                                         # a block of zeros: scale 0
     got = kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima)
     want = kernels.gemm(wide.kind, x, wide.codes, wide.scales, wide.minima)
-    if kernels.int8_path in int8_blocks.SUPER_BLOCK_LOOPS:
-        assert torch.equal(got, want)
     reference, size = quantized_product(x, blocks.dequantize())
+    if kernels.int8_path in int8_blocks.SUPER_BLOCK_LOOPS and kind == "Q4_K":
+        assert torch.equal(got, want)
     assert ((got.double() - reference).abs() / size).max() < 1e-5
+    assert ((got.double() - want.double()).abs() / size).max() < 1e-5
 
 
 @pytest.mark.parametrize("level", runnable_isa_levels())
@@ -137,4 +140,12 @@ def test_a_q4_k_m_file_loads_at_its_width_and_answers_as_the_wide_forms(gemma_fo
     assert not {"I8_Q4K", "I8_Q6K"} & {part.kind for m in wide.module.modules()
                                        if isinstance(m, BlockLinear) for part in m.parts}
     ids = at_width.tokenizer.encode("The capital of France is Paris, and the capital of")
-    assert torch.equal(at_width.prompt_logits(ids), wide.prompt_logits(ids))
+    got, want = at_width.prompt_logits(ids), wide.prompt_logits(ids)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # I8_Q6K's rounding differs from I8_U8_16's by ~1e-7 of a product, and a code of
+    # the next layer's quantized activations may then round the other way: the two
+    # differ as much as int8 activations differ from float32 on this prompt (max KL
+    # per position 0.006 for both), far less than the int8 tests' bound (0.05)
+    logprobs, at_width_logprobs = want.log_softmax(-1), got.log_softmax(-1)
+    divergence = (logprobs.exp() * (logprobs - at_width_logprobs)).sum(-1)
+    assert divergence.max() < 0.02
