@@ -56,6 +56,8 @@ class RequestResult:
     latency: float = 0.0
     output_tokens: int = 0
     error: str = ""
+    prompt_tokens: int = 0
+    """From the final usage chunk (0 where the server sends none)."""
 
 
 SNIPPETS = (
@@ -91,6 +93,7 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
     started = time.perf_counter()
     arrivals: list[float] = []
     usage_tokens = None
+    prompt_tokens = 0
     try:
         async with http.stream("POST", url, json=body) as response:
             if response.status_code != 200:
@@ -101,6 +104,7 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
+                    prompt_tokens = chunk["usage"].get("prompt_tokens") or 0
                 choices = chunk.get("choices") or []
                 if choices and ((choices[0].get("delta") or {}).get("content")
                                 or choices[0].get("text")):
@@ -112,7 +116,8 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict) -> RequestR
     return RequestResult(True, ttft=arrivals[0] - started,
                          itls=[b - a for a, b in zip(arrivals, arrivals[1:])],
                          latency=time.perf_counter() - started,
-                         output_tokens=usage_tokens or len(arrivals))
+                         output_tokens=usage_tokens or len(arrivals),
+                         prompt_tokens=prompt_tokens)
 
 
 async def run_level(args, concurrency: int, prompts: list[str],
@@ -175,6 +180,11 @@ def summarize(concurrency: int, results: list[RequestResult], wall: float) -> di
         "itl_ms": percentiles([x for r in good for x in r.itls]),
         "e2e_ms": percentiles([r.latency for r in good]),
         "mean_output_tokens": round(statistics.mean(r.output_tokens for r in good), 1) if good else 0,
+        "mean_prompt_tokens": round(statistics.mean(r.prompt_tokens for r in good), 1) if good else 0,
+        # prompt tokens over time to first token, summed over requests: the prefill
+        # rate at c=1 (at higher levels TTFT includes the wait for a slot)
+        "prefill_tokens_per_s": round(sum(r.prompt_tokens for r in good)
+                                      / sum(r.ttft for r in good), 1) if good else 0,
     }
 
 

@@ -202,8 +202,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     encoder checkpoint (BERT-like: encoder.ENCODER_MODEL_TYPES) gives an EncoderModel,
     which serves embedding requests only (engine/encoder).
 
-    `dtype`: "auto" (float32 on CPU, the checkpoint's bf16/fp16 on accelerators, else
-    bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
+    `dtype`: "auto" (on CPU int8-activations for a GGUF file where an int8 vector loop
+    is built, else float32: load_plan.py; the checkpoint's bf16/fp16 on accelerators,
+    else bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
     "int8-weights" (models/mixed_precision.py) or "int8-activations" (a GGUF on CPU:
     its blocks multiply activations quantized to int8 per 32 values, as llama.cpp
     does; models/int8_blocks.py).

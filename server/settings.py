@@ -85,7 +85,9 @@ class ServerSettings(BaseModel):
     open_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_OPEN_PATHS))
     """Routes that need no API key even when keys are set."""
     dtype: Literal[DTYPE_NAMES] = "auto"
-    """auto: float32 on CPU (exact), the checkpoint's bf16/fp16 on GPUs, else bf16."""
+    """auto: on CPU a GGUF file's blocks with int8 activations (llama.cpp's way) where
+    the CPU has an int8 vector loop, else float32 (exact); on GPUs the checkpoint's
+    bf16/fp16, else bf16. float32 is the exact mode."""
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """KV cache element type: "auto" is bf16 with dtype bf16-weights, else fp32 on CPU
     and the model's dtype on GPUs; bf16 holds twice the tokens and halves what decode

@@ -22,12 +22,22 @@ SOURCES = {"gguf": ModelSource("gguf", True), "hf": ModelSource("hf", True),
            "hf-other": ModelSource("hf", False, "phi3")}
 
 
+def auto_on_cpu(source: str, level: str) -> str:
+    """What "auto" must serve on the CPU: int8 activations for a GGUF of our families
+    where an int8 vector loop is built, float32 everywhere else."""
+    kernels = LEVELS[level]
+    fast = source == "gguf" and kernels is not None and kernels.int8_path != "portable"
+    return "int8-activations" if fast else "float32"
+
+
 def expected(dtype: str, source: str, device: str, level: str):
     """What the plan must be: a refusal's words, or (compute, on blocks, int8, the
     projections' method's start, the KV cache)."""
     own = not source.endswith("other")
     kernels = LEVELS[level] if device == "cpu" else None
-    mode = dtype_mode(dtype)
+    mode = dtype_mode(auto_on_cpu(source, level) if dtype == "auto" and device == "cpu"
+                      else dtype)
+    dtype = mode.name
     if mode.own_family_only and not own:
         return "needs one of our model families"
     compute = mode.compute or (torch.float32 if device == "cpu" else torch.bfloat16)
@@ -74,7 +84,26 @@ def test_every_cell_of_the_matrix(dtype, source, device, level):
     assert plan.dense_table == (on_blocks and dtype == "bf16-weights"
                                 and kernels.has_bf16_gemm)
     assert plan.isa == (kernels.isa if kernels is not None else None)
-    assert plan.dtype.name == dtype and dtype in plan.table()
+    served = auto_on_cpu(source, level) if dtype == "auto" and device == "cpu" else dtype
+    assert plan.dtype.name == served and served in plan.table()
+    assert (plan.auto_choice is not None) == (dtype == "auto" and device == "cpu")
+
+
+def test_auto_falls_back_to_float32_and_says_why():
+    gguf, avx2 = SOURCES["gguf"], LEVELS["avx2"]
+    cases = {"the block kernels are turned off": dict(block_kernels=False, kernels=avx2),
+             "tensor parallelism": dict(tp_size=2, kernels=avx2),
+             "no native kernels were built": dict(kernels=None),
+             "the generic level has no int8 vector loop": dict(kernels=LEVELS["generic"])}
+    for reason, options in cases.items():
+        plan = plan_load("auto", gguf, "cpu", **options)
+        assert plan.dtype.name == "float32" and not plan.int8_activations
+        assert reason in plan.table(), plan.table()
+    plan = plan_load("auto", SOURCES["gguf-other"], "cpu", kernels=avx2)
+    assert plan.dtype.name == "float32" and "transformers' code" in plan.auto_choice
+    plan = plan_load("auto", gguf, "cpu", kernels=avx2)
+    assert plan.int8_activations and "avx2 loop" in plan.table()
+    assert plan_load("auto", gguf, "cuda").dtype.name == "auto"
 
 
 def test_a_ggufs_blocks_are_named_where_they_are_made_dense_or_requantized():

@@ -119,7 +119,10 @@ def launch_server(tmp_path_factory, flags: list[str], env: dict[str, str] | None
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "server", "--model", MODEL, "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "warning", *flags]
-    environ = {k: v for k, v in os.environ.items() if k != "KVSERVE_API_KEY"}
+    # float32, the exact mode: the same answers on every host's kernels (the default,
+    # int8 activations on a GGUF, has its own module: test_e2e_default_dtype.py).
+    environ = {**{k: v for k, v in os.environ.items() if k != "KVSERVE_API_KEY"},
+               "KVSERVE_DTYPE": "float32"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    env={**environ, "PYTHONUNBUFFERED": "1", **(env or {})},

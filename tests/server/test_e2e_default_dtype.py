@@ -1,7 +1,8 @@
-"""`python -m server --dtype int8-activations` on the default model's GGUF: the load
-log's method table names the int8 forms, and streamed and plain chat completions come
-back as with float32 (the same shape of answer; the tokens may differ from float32's,
-as quantized activations round differently)."""
+"""`python -m server` with no `--dtype` on the default model's GGUF: `auto` serves its
+blocks with int8 activations on this CPU's int8 loop and says why in the load log, and
+streamed and plain chat completions come back as with float32 (the same shape of
+answer; the tokens may differ from float32's, as quantized activations round
+differently)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from tests.server.conftest import API_KEY, ENGINE_FLAGS, launch_server
 
 @pytest.fixture(scope="module")
 def int8_server(tmp_path_factory):
-    yield from launch_server(tmp_path_factory, ["--api-key", API_KEY, "--dtype",
-                                                "int8-activations", "--log-level", "info",
-                                                *ENGINE_FLAGS])
+    yield from launch_server(tmp_path_factory, ["--api-key", API_KEY, "--log-level", "info",
+                                                *ENGINE_FLAGS], env={"KVSERVE_DTYPE": "auto"})
 
 
-def test_the_load_log_names_the_int8_forms(int8_server):
+def test_the_default_serves_int8_forms_and_the_log_says_why(int8_server):
     log = int8_server.log_path.read_text(errors="replace")
     assert "I8_Q4" in log and "no dense copy" in log
+    assert "int8-activations (activations float32; auto: int8 activations on the GGUF's" in log
 
 
 def test_chat_completions_answer_on_int8_activations(int8_server):
