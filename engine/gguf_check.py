@@ -14,8 +14,8 @@ Layout (GGUF v2/v3, little-endian): "GGUF" | version u32 | tensor_count u64 |
 kv_count u64; kv_count x (key string, value type u32, value); tensor_count x (name
 string, n_dims u32, dims u64 x n_dims, ggml type u32, offset u64); padding to
 `general.alignment` (32 by default); the data. A string is a u64 length and bytes.
-Plain Python over the mapped file: a walk of the metadata costs about as much as
-reading it (a 49k-token vocabulary: ~0.1 s).
+Plain Python over the mapped file; arrays of strings (vocabularies) are skipped in one
+tight loop (skip_strings).
 """
 
 from __future__ import annotations
@@ -38,6 +38,22 @@ MIN_TENSOR_BYTES = 8 + 1 + 4 + 8 + 4 + 8
 
 class GGUFError(ValueError):
     """A GGUF file that is damaged or not one this engine reads."""
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+def skip_strings(buffer, at: int, count: int, size: int) -> int | None:
+    """The offset just past `count` strings (u64 length, bytes) from offset `at`, or
+    None where one runs past `size` (the caller's slow walk then names the fault).
+    A vocabulary's ~100k strings in one tight loop: a value-by-value walk took ~0.5 s
+    for the 1.7B-shaped file, once in the check and once in the reader."""
+    unpack = _LENGTH.unpack_from
+    for _ in range(count):
+        if at + 8 > size:
+            return None
+        at += 8 + unpack(buffer, at)[0]
+    return at if at <= size else None
 
 
 def check_gguf_file(path: Path) -> None:
@@ -99,6 +115,9 @@ class _Reader:
                                 f"bytes left hold at most {(self.size - self.at) // smallest:,}")
             if item_type in _SCALARS:
                 self.skip(smallest * count, f"{key}'s array")
+            elif item_type == _STRING and (end := skip_strings(self.buffer, self.at, count,
+                                                               self.size)) is not None:
+                self.at = end
             else:
                 for _ in range(count):
                     self.value(item_type, key, depth + 1)

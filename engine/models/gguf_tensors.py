@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..gguf_check import GGUFError, check_gguf
+from ..gguf_check import GGUFError, check_gguf, skip_strings
 from ..kernels.block_types import GGML_TYPES
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -81,6 +81,8 @@ class _Cursor:
             item_type, count = self.take("IQ")
             if item_type in _SCALAR_SIZES:
                 self.at += _SCALAR_SIZES[item_type] * count
+            elif item_type == _STRING:      # the file was checked: every string fits
+                self.at = skip_strings(self.buffer, self.at, count, len(self.buffer))
             else:
                 for _ in range(count):
                     self.skip_value(item_type)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.gguf_check import GGUFError, check_gguf_file
+from engine.gguf_check import GGUFError, check_gguf, check_gguf_file
 from engine.models.gguf_tensors import read_gguf_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -207,3 +207,21 @@ def test_an_unknown_architecture_names_the_ones_read(tmp_path):
     writer.close()
     with pytest.raises(GGUFError, match=r"notafamily.*architectures read are .*llama.*qwen3"):
         resolve_model_dir(str(path), tmp_path / "cache")
+
+
+def test_string_arrays_are_skipped_whole_or_their_fault_is_named():
+    """skip_strings walks a vocabulary in one loop and stops at the first string that
+    runs past the end, so the checker's slow walk can name it."""
+    from engine.gguf_check import skip_strings
+
+    strings = [b"a", b"", b"hello", b"x" * 300]
+    packed = b"".join(struct.pack("<Q", len(s)) + s for s in strings)
+    assert skip_strings(packed, 0, 4, len(packed)) == len(packed)
+    assert skip_strings(packed, 0, 2, len(packed)) == 8 + 1 + 8
+    assert skip_strings(packed, 0, 4, len(packed) - 1) is None       # the last runs past
+    assert skip_strings(packed, 0, 5, len(packed)) is None           # a length past the end
+    header = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1)
+    key = struct.pack("<Q", 15) + b"tokenizer.ggml." + struct.pack("<IIQ", 9, 8, 4)
+    with pytest.raises(GGUFError, match=r"tokenizer.ggml.'s string needs 300 bytes at "
+                                        r"offset 101; the file ends at 400: truncated\?"):
+        check_gguf("bytes.gguf", header + key + packed[:-1])
