@@ -84,13 +84,19 @@ static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
             const float *xb = x + r * k + b * BLOCK;
+            /* No libm calls per value (fmaxf and lrintf are calls unless errno is
+             * given up): a compare and rintf, which compile to vector max and
+             * round instructions, round as lrintf does (the current mode, to even). */
             float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            for (int i = 0; i < BLOCK; i++) {
+                const float a = fabsf(xb[i]);
+                amax = a > amax ? a : amax;
+            }
             const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
             int8_t *codes = out->codes + r * k + b * BLOCK;
             int sums[2] = {0, 0};
             for (int i = 0; i < BLOCK; i++) {
-                codes[i] = (int8_t)lrintf(xb[i] * inverse);
+                codes[i] = (int8_t)(int)rintf(xb[i] * inverse);
                 sums[i / 16] += codes[i];
             }
             out->scales[r * blocks + b] = scale;
