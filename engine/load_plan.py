@@ -192,9 +192,8 @@ def _auto_on_cpu(source: ModelSource, tp_size: int, block_kernels: bool,
     """The mode "auto" serves on the CPU, and why: a GGUF file of our families with
     int8 activations on its blocks, as llama.cpp multiplies them, wherever an int8
     vector loop is built; float32, the exact mode, everywhere else. Never a refusal.
-    int8 is as faithful to the exact path as llama.cpp's server (docs/benchmarks.md,
-    "Accuracy of the fast modes") and the faster mode wherever the weights stream from
-    memory; on the default 135M model at c=1 on AVX-512 it is ~10% behind float32."""
+    How faithful and how fast each is: docs/benchmarks.md ("Accuracy of the fast
+    modes", "Online serving")."""
     float32, int8 = dtype_mode("float32"), dtype_mode("int8-activations")
     if source.kind != "gguf":
         return float32, "float32 for a model that is not a GGUF file"
