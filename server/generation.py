@@ -262,11 +262,11 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-class FloatArraysResponse(JSONResponse):
-    """A JSON body encoded by orjson: an embeddings answer of 64 inputs of 576 floats
-    takes Python's json about 44 ms of the event loop, which every stream on the
-    server waits out, and orjson about 2.5 ms (the same text: shortest float reprs,
-    compact separators, UTF-8)."""
+class ArraysResponse(JSONResponse):
+    """A JSON body encoded by orjson, for answers made of long arrays (embeddings,
+    token ids): Python's json holds the event loop, which every stream on the server
+    waits out, about ten times longer (docs/architecture.md); the text is the same
+    (shortest float reprs, compact separators, UTF-8)."""
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from .anthropic.serving import count_tokens, create_message
 from .edge.auth import presented_key, require_api_key
 from .edge.body import parse_request
+from .generation import ArraysResponse
 from .text_pipeline.detokenizer import decode_all
 from .text_pipeline.prompts import check_token_ids, encode_text, render_chat
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
@@ -139,8 +140,8 @@ async def tokenize(request: Request) -> JSONResponse:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         tokens = await asyncio.to_thread(encode_text, state.tokenizer, body.prompt,
                                          add_special)
-    return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len,
-                         "tokens": tokens})
+    return ArraysResponse({"count": len(tokens), "max_model_len": state.max_model_len,
+                           "tokens": tokens})
 
 
 @api.post("/detokenize")

@@ -25,7 +25,7 @@ from engine import Pooling
 
 from ..edge.body import parse_request
 from ..edge.errors import bad_request
-from ..generation import (FloatArraysResponse, GenerationFailed, RequestStream, is_failed,
+from ..generation import (ArraysResponse, GenerationFailed, RequestStream, is_failed,
                           json_until_disconnect, new_id)
 from ..text_pipeline.prompts import check_token_ids, encode_text
 from ..protocol.embeddings import MAX_EMBEDDING_INPUTS, EmbeddingRequest
@@ -47,7 +47,7 @@ async def create_embeddings(request: Request, state: ServingState) -> Response:
                          for i, v in enumerate(vectors)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    return await json_until_disconnect(request, collect(), FloatArraysResponse)
+    return await json_until_disconnect(request, collect(), ArraysResponse)
 
 
 def _token_inputs(state: ServingState, body: EmbeddingRequest) -> list[list[int]]:

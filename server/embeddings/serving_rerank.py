@@ -32,7 +32,7 @@ from engine import Pooling
 
 from ..edge.body import parse_request
 from ..edge.errors import bad_request
-from ..generation import FloatArraysResponse, json_until_disconnect, new_id
+from ..generation import ArraysResponse, json_until_disconnect, new_id
 from ..protocol.rerank import MAX_RERANK_DOCUMENTS, RerankRequest, ScoreRequest
 from .serving_embeddings import pooled_outputs, submit_pooling
 from ..state import ServingState
@@ -60,7 +60,7 @@ async def create_rerank(request: Request, state: ServingState) -> Response:
                                 if body.return_documents else {})} for i in keep],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    return await json_until_disconnect(request, answer(), FloatArraysResponse)
+    return await json_until_disconnect(request, answer(), ArraysResponse)
 
 
 async def create_score(request: Request, state: ServingState) -> Response:
@@ -77,7 +77,7 @@ async def create_score(request: Request, state: ServingState) -> Response:
                          for i, score in enumerate(scores)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    return await json_until_disconnect(request, answer(), FloatArraysResponse)
+    return await json_until_disconnect(request, answer(), ArraysResponse)
 
 
 def _score_pairs_of(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[str, str]]:

@@ -1,5 +1,7 @@
 """Incremental detokenization with the default model's real tokenizer."""
 
+import random
+
 import pytest
 
 from server.text_pipeline.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decode_all, ids_decoder
@@ -54,6 +56,21 @@ def test_flush_releases_an_unfinished_character(tokenizer):
     tail = detokenizer.flush()
     assert "".join(pieces) == "a"
     assert tail.endswith(REPLACEMENT_CHAR)
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_a_whole_decode_is_the_stream_pieces_joined(tokenizer, skip_special_tokens):
+    """decode_all (one call) gives what a stream of the same ids emits, on lists full of
+    single-byte tokens that split and never finish characters."""
+    rng = random.Random(7)
+    byte_ids = [i for i, t in enumerate(tokenizer.convert_ids_to_tokens(range(len(tokenizer))))
+                if len(t) == 1]
+    for _ in range(200):
+        ids = [rng.choice(byte_ids) if rng.random() < 0.7 else rng.randrange(len(tokenizer))
+               for _ in range(rng.randrange(1, 30))]
+        detokenizer = IncrementalDetokenizer(tokenizer, None, skip_special_tokens)
+        pieces = [detokenizer.add(t) for t in ids] + [detokenizer.flush()]
+        assert decode_all(tokenizer, ids, skip_special_tokens) == "".join(pieces), ids
 
 
 def test_special_tokens_are_skipped(tokenizer):
