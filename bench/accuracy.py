@@ -18,7 +18,7 @@ import argparse
 import json
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.loading import gguf_source
+from engine.loading.model_files import gguf_source
 
 from .llama_cpp import llama_server
 from .llama_greedy import LlamaGreedy

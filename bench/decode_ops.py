@@ -31,12 +31,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import load_model
-from engine.decode_tables import DecodeTables
+from engine.step.decode_tables import DecodeTables
 from engine.generation_config import SamplingParams
 from engine.kv_cache.sizing import CacheSizing
-from engine.requests import RequestState
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledBatch, ScheduledRequest
+from engine.core.requests import RequestState
+from engine.step.runner import ModelRunner
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest
 
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "unsqueeze",
              "squeeze", "expand", "transpose", "t", "permute", "alias", "detach", "split",

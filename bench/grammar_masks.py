@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from engine.grammar import GrammarSpec
-from engine.grammar_masks import GrammarMasks, apply_masks
+from engine.structured.grammar import GrammarSpec
+from engine.structured.grammar_masks import GrammarMasks, apply_masks
 
 from .report import write_json
 

@@ -20,7 +20,7 @@ import time
 import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.loading import pretrained_arguments
+from engine.loading.model_files import pretrained_arguments
 
 from .machine import measure
 from .report import write_json

@@ -49,7 +49,7 @@ def _tokenizer_fields(writer) -> int:
     """Copy the default model's tokenizer fields into `writer`; returns its vocabulary."""
     import gguf
 
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
 
     reader = gguf.GGUFReader(str(resolve_embedded("smollm2-135m-instruct")))
     for field in reader.fields.values():

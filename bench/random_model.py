@@ -64,7 +64,7 @@ def save_tokenizer(spec: str, path: str) -> str:
 
     source = Path(spec).expanduser()
     if not source.is_dir():
-        from engine.loading import resolve_model_dir
+        from engine.loading.model_files import resolve_model_dir
         source = resolve_model_dir(spec)
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(path)
     return path

@@ -26,13 +26,13 @@ import time
 import torch
 
 from engine import load_model
-from engine.cpu_threads import release_openmp_pool
+from engine.kernels.cpu_threads import release_openmp_pool
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.sizing import CacheSizing
-from engine.requests import RequestState
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+from engine.core.requests import RequestState
+from engine.step.runner import ModelRunner
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 
 from .bounds import matmul_flops_per_row, weight_bytes_per_step
 from .machine import measure

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import InitVar, dataclass
 from typing import Any
 
-from .compile_paths import compile_settings
+from .step.compile_paths import compile_settings
 from .speculative.config import SpeculativeConfig
 
 SCHEDULER_TYPES = ("fifo", "prefill_first")

@@ -24,4 +24,4 @@ class QueueFullError(EngineError, RuntimeError):
 
 
 class ModelLoadError(RuntimeError):
-    """The model spec could not be resolved or read (loading.py, hf_check.py)."""
+    """The model spec could not be resolved or read (loading/model_files.py, loading/hf_check.py)."""

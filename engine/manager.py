@@ -25,16 +25,16 @@ import time
 from typing import Any, Callable, Iterator
 
 from .config import ContinuousBatchingConfig
-from .cpu_threads import release_openmp_pool
-from .engine_loop import EngineLoop
+from .kernels.cpu_threads import release_openmp_pool
+from .core.engine_loop import EngineLoop
 from .errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from .generation_config import GenerationConfig, SamplingParams, resolve_eos
-from .grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from .structured.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
 from .kv_cache.kv_events import KVEventSink
 from .outputs import GenerationOutput
 from .pooling import Pooling
-from .output_router import OutputRouter
-from .requests import RequestState
+from .core.output_router import OutputRouter
+from .core.requests import RequestState
 
 logger = logging.getLogger(__name__)
 

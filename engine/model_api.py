@@ -16,8 +16,8 @@ import torch
 from .config import ContinuousBatchingConfig
 from .errors import ModelLoadError
 from .generation_config import GenerationConfig, resolve_eos, unsupported_settings
-from .grammar import GrammarCompiler
-from .loading import without_gc
+from .structured.grammar import GrammarCompiler
+from .loading.model_files import without_gc
 from .outputs import GenerationOutput
 
 logger = logging.getLogger(__name__)
@@ -176,9 +176,9 @@ class EngineModel:
         from .generation_config import SamplingParams
         from .kv_cache.allocator import BlockAllocator
         from .kv_cache.sizing import CacheSizing
-        from .requests import RequestState
-        from .runner import ModelRunner
-        from .scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+        from .core.requests import RequestState
+        from .step.runner import ModelRunner
+        from .core.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 
         if self.device.type == "cuda":   # a flash backend only where this page size suits it
             from .attention.backend import keep_backend_fit
@@ -198,7 +198,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
                tokenizer: Any = None, tp_size: int = 1,
                cpu_group_timeout: float | None = 300.0,
                block_kernels: bool = True, kv_cache_dtype: str = "auto") -> EngineModel:
-    """Load a model for the engine; see engine.loading for the accepted specs. An
+    """Load a model for the engine; see engine.loading.model_files for the accepted specs. An
     encoder checkpoint (BERT-like: encoder.ENCODER_MODEL_TYPES) gives an EncoderModel,
     which serves embedding requests only (engine/encoder).
 
@@ -222,9 +222,9 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
     each rank uses the GPU of its LOCAL_RANK."""
-    from .cpu_threads import release_openmp_pool
-    from .load_plan import dtype_mode
-    from .loading import (check_quantization, gguf_source, load_tokenizer, read_config,
+    from .kernels.cpu_threads import release_openmp_pool
+    from .loading.load_plan import dtype_mode
+    from .loading.model_files import (check_quantization, gguf_source, load_tokenizer, read_config,
                           resolve_model_dir, return_freed_memory)
     from .models import has_own_code
     from .encoder import is_encoder_config, load_encoder
@@ -313,8 +313,8 @@ def _plan(dtype, source, config, device: torch.device, tp_size: int, block_kerne
     """The load plan (load_plan.py) and, on CPU, the native kernels it was made for
     (None where they cannot be built)."""
     from .kernels import load_native_kernels
-    from .load_plan import CpuKernels, ModelSource, plan_load
-    from .loading import auto_dtype
+    from .loading.load_plan import CpuKernels, ModelSource, plan_load
+    from .loading.model_files import auto_dtype
     from .models import has_own_code
 
     native = load_native_kernels(Path(cache_dir) if cache_dir else None) \
@@ -332,7 +332,7 @@ def _read_weights(source, config, progress: bool, kernels, int8_activations: boo
     """The dense state dict (transformers' names) of a model instance or directory,
     or the GGUFCheckpoint of a GGUF file (read in place; its blocks parsed by the
     native `kernels` where given, for int8 activations or not)."""
-    from .loading import read_state_dict
+    from .loading.model_files import read_state_dict
     from .models.gguf_checkpoint import BlockParsing, read_gguf_checkpoint
 
     if isinstance(source, torch.nn.Module):

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.config import ContinuousBatchingConfig
-from engine.load_plan import DTYPE_NAMES
+from engine.loading.load_plan import DTYPE_NAMES
 from engine.speculative.config import SpeculativeConfig
 
 from .kv_events_config import KVEventsConfig

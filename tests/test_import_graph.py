@@ -11,8 +11,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "server", "bench")
-SCHEDULER = "engine.scheduler"
+SCHEDULER = "engine.core.scheduler"
 """Its own code and every project module it reaches make up the scheduling code."""
+LOOP_FOLDERS = ("core", "step", "speculative", "encoder")
+"""engine/'s folders that run requests (docs/architecture.md's map)."""
+PART_FOLDERS = ("attention", "distributed", "kernels", "loading", "models", "structured")
+"""engine/'s folders a model and its load are made of: they never reach up into the
+loop that runs requests."""
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -105,7 +110,7 @@ def reached(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_scheduling_code_imports_no_torch_and_engine_no_pydantic():
     files = module_files()
     scheduling = reached(import_graph(files), SCHEDULER)
-    assert {"engine.requests", "engine.kv_cache.block_manager",
+    assert {"engine.core.requests", "engine.kv_cache.block_manager",
             "engine.speculative.proposer"} <= scheduling
     for module in scheduling:
         assert "torch" not in {name.split(".")[0] for name in
@@ -114,6 +119,25 @@ def test_scheduling_code_imports_no_torch_and_engine_no_pydantic():
         if module.split(".")[0] == "engine":     # bench is a client: it may model bodies
             assert "pydantic" not in {name.split(".")[0]
                                       for name in imported_names(module, path)}, module
+
+
+def engine_folder(module: str, path: Path) -> str | None:
+    """engine/'s folder a module lives in (None at engine/'s top level)."""
+    parts = module.split(".")
+    inside = len(parts) > 2 or (len(parts) == 2 and path.name == "__init__.py")
+    return parts[1] if parts[0] == "engine" and inside else None
+
+
+def test_engine_top_level_is_the_public_face_and_parts_never_import_the_loop():
+    files = module_files()
+    top = sorted(module for module, path in files.items()
+                 if module.startswith("engine") and engine_folder(module, path) is None)
+    assert len(top) <= 10, top
+    graph = import_graph(files)
+    upward = [(module, name) for module, path in files.items()
+              if engine_folder(module, path) in PART_FOLDERS
+              for name in graph[module] if engine_folder(name, files[name]) in LOOP_FOLDERS]
+    assert upward == []
 
 
 def test_the_circle_check_finds_a_circle_closed_inside_a_function(tmp_path):

@@ -1,5 +1,5 @@
 """What every attention layer needs to know about one step's flat batch, built once per
-step (not per layer) by `engine.batch.build_step_inputs`: one type per way of reading
+step (not per layer) by `engine.step.batch.build_step_inputs`: one type per way of reading
 the pages, each with only its own fields.
 
     AttentionMetadata      the fields every backend reads (base of the three below)

@@ -3,7 +3,7 @@
 A run with `tp_size=N` is N processes started by `torchrun --nproc-per-node N`; each
 holds 1/N of every attention head group and MLP column, and its own KV cache for its
 heads. Rank 0, the driver, owns the scheduler, the requests and the sampler; every
-step it broadcasts the step's plan (the flat inputs of `engine.batch`) to the other
+step it broadcasts the step's plan (the flat inputs of `engine.step.batch`) to the other
 ranks, the followers, and all ranks run the forward together, summing partial
 outputs with all-reduce.
 

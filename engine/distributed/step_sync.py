@@ -2,7 +2,7 @@
 
 Only the driver schedules. Each step it sends one StepPlan: the KV block copies of
 preemption offload and the step's flat inputs (token ids, positions, attention
-metadata; see engine/batch.py), built on the host so that every rank can move them to
+metadata; see engine/step/batch.py), built on the host so that every rank can move them to
 its own device. Followers run exactly the plans they receive, in order, and stop at
 a stop message. While the driver has nothing to run it sends an idle message now and
 then, so the followers' blocking receive does not hit the control group's timeout.
@@ -28,7 +28,7 @@ from .group import TensorParallelGroup
 class StepPlan:
     swap_out: list                      # (device blocks, host blocks) to copy out
     swap_in: list                       # (host blocks, device blocks) to copy in
-    inputs: Any                         # engine.batch.StepInputs on the host, or None
+    inputs: Any                         # engine.step.batch.StepInputs on the host, or None
     prefix_copies: list = ()            # (source block, target block, slots), after swaps
 
 

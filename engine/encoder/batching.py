@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..pooling import Pooling
-from ..pooling_step import embedding_of
+from ..step.pooling_step import embedding_of
 
 
 def token_groups(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import InvalidRequestError, QueueFullError, RequestTooLongError
-from ..output_router import OutputRouter
+from ..core.output_router import OutputRouter
 from ..outputs import GenerationOutput, RequestStatus
 from ..pooling import Pooling
 from .batching import encode_batch, token_groups

@@ -70,7 +70,7 @@ def load_encoder(model_dir: Path, config: Any, dtype: str, device: torch.device,
     or tensor parallelism is a ValueError naming it."""
     from transformers import AutoModel
 
-    from ..loading import auto_dtype
+    from ..loading.model_files import auto_dtype
 
     if dtype not in ENCODER_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not available for encoder models "

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..cache_folder import usable_cache_dir
+from ..loading.cache_folder import usable_cache_dir
 from .isa import IsaLevel, cpu_features, selected_level
 from .native import NativeKernels
 

@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from ..cpu_threads import openmp_entry_points
+from .cpu_threads import openmp_entry_points
 from .block_types import BLOCK_KINDS, PARSE_CODES
 
 

@@ -17,7 +17,7 @@
 static atomic_llong spin_ns = 2000000LL;   /* 2 ms; see set_helper_spin_ns */
 /* Per calling thread, whether its parts run on its OpenMP team (use_openmp_helpers):
  * an engine on another thread, in small steps, keeps the pool (an OpenMP team started
- * from its thread would be a second pool, see engine/cpu_threads.py). */
+ * from its thread would be a second pool, see engine/kernels/cpu_threads.py). */
 static _Thread_local int openmp_active;
 
 static struct {

@@ -22,7 +22,7 @@ from __future__ import annotations
 from .allocator import BlockAllocator
 from .block_hash import extend_block_hashes
 from .partial_prefix import PartialPrefix, RetainedPage, RetainedPages, find_partial_prefix
-from ..requests import RequestState
+from ..core.requests import RequestState
 
 
 def blocks_needed(num_tokens: int, page_size: int) -> int:

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..requests import RequestState
+from ..core.requests import RequestState
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loading import return_freed_memory
+from ..loading.model_files import return_freed_memory
 from .block_formats import FORM_OF, Blocks, empty_blocks, parse_blocks, parse_blocks_into
 from .gguf_tensors import GGUFTensor, read_gguf_file
 from .int8_blocks import LANES, empty_int8_blocks, int8_form_for

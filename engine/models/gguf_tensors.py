@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..gguf_check import GGUFError, check_gguf, skip_strings
+from ..loading.gguf_check import GGUFError, check_gguf, skip_strings
 from ..kernels.block_types import GGML_TYPES
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -97,7 +97,7 @@ def read_block_tensors(path: Path) -> list[GGUFTensor]:
 
 def read_gguf_file(path: Path) -> GGUFFile:
     """The file's architecture and tensors, as views of the mapped file (the mapping
-    lives as long as a view does). GGUFError (a ValueError, engine/gguf_check.py) for
+    lives as long as a view does). GGUFError (a ValueError, engine/loading/gguf_check.py) for
     a file this reader cannot read: damaged, truncated, not GGUF v2/v3 little-endian,
     or a tensor type gguf-py does not know."""
     with open(path, "rb") as file:

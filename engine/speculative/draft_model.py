@@ -35,9 +35,9 @@ import logging
 from ..generation_config import SamplingParams
 from ..kv_cache.allocator import BlockAllocator
 from ..kv_cache.sizing import CacheSizing
-from ..requests import RequestState
-from ..runner import ModelRunner
-from ..scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
+from ..core.requests import RequestState
+from ..step.runner import ModelRunner
+from ..core.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 from .config import SpeculativeConfig
 from .proposer import NgramProposer
 

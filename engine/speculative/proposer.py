@@ -32,7 +32,7 @@ in a few steps.
 
 from __future__ import annotations
 
-from ..requests import RequestState
+from ..core.requests import RequestState
 from .config import SpeculativeConfig
 from .prompt_lookup import PromptLookup
 from .suffix_cache import SuffixCache

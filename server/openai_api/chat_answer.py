@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.grammar import GrammarSpec
+from engine.structured.grammar import GrammarSpec
 
 from ..protocol.chat import ChatCompletionRequest
 from ..text_pipeline.reasoning import CLOSE, ReasoningSplit, after_thinking, prompt_opens_thinking

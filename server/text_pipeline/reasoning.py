@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.grammar import GrammarSpec
+from engine.structured.grammar import GrammarSpec
 
 OPEN, CLOSE = "<think>", "</think>"
 

@@ -19,7 +19,7 @@ import asyncio
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.grammar import CompiledGrammar, GrammarSpec
+from engine.structured.grammar import CompiledGrammar, GrammarSpec
 
 from ..edge.errors import bad_request
 from ..protocol.response_format import ResponseFormat

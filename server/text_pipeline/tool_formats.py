@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.grammar import GrammarSpec
+from engine.structured.grammar import GrammarSpec
 
 from ..protocol.chat import NamedToolChoice, Tool
 

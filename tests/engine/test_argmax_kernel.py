@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.kernels import load_native_kernels
-from engine.sampling import greedy_picks
+from engine.step.sampling import greedy_picks
 
 
 @pytest.fixture(scope="module")

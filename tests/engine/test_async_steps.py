@@ -1,4 +1,4 @@
-"""Async batching (engine/async_steps.py) on the CPU, where it only reorders the host's
+"""Async batching (engine/core/async_steps.py) on the CPU, where it only reorders the host's
 work: the same tokens as transformers and as ordinary steps, with requests stopping
 on EOS inside a lookahead step, staggered lengths, and all blocks returned."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine import ContinuousBatchingConfig
-from engine.feature_gates import async_batching
+from engine.step.feature_gates import async_batching
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 
 

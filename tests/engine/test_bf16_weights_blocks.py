@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.cpu_threads import openmp_entry_points, release_openmp_pool
+from engine.kernels.cpu_threads import openmp_entry_points, release_openmp_pool
 from engine.kernels import load_native_kernels
 from engine.models.block_weights import BF16_KERNEL_ROWS, BlockLinear, parse_blocks
 from engine.models.fast_decode import FastDecodeLayer

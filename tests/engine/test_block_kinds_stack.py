@@ -22,7 +22,7 @@ from tests.helpers import assert_blocks_decode_like_dense, layer_executors
 
 @pytest.fixture(scope="module")
 def mixed_path(tmp_path_factory):
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
 
     path = tmp_path_factory.mktemp("mixed") / "smollm2-mixed.gguf"
     written = write_requantized(resolve_embedded("smollm2-135m-instruct"), path, mixed_encoding)

@@ -190,7 +190,7 @@ def test_the_tensor_table_reader_finds_what_gguf_py_finds(alias):
     Q4_K, Q6_K) with the names, shapes and bytes gguf-py's reader gives."""
     import gguf
 
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
     from engine.models.gguf_tensors import GGML_TYPES, read_block_tensors
 
     path = resolve_embedded(alias)
@@ -209,7 +209,7 @@ def test_the_tensor_table_reader_finds_what_gguf_py_finds(alias):
 def test_the_tensor_table_reader_refuses_what_it_cannot_read(tmp_path):
     import shutil
 
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
     from engine.models.gguf_tensors import read_block_tensors
 
     source = resolve_embedded("smollm2-135m-instruct")

@@ -1,4 +1,4 @@
-"""The cache folder's write paths (engine/cache_folder.py, loading.gguf_metadata_dir):
+"""The cache folder's write paths (engine/loading/cache_folder.py, loading.gguf_metadata_dir):
 an unwritable folder falls back to a temporary one with a warning; a write that fails
 halfway (a full disk, simulated by a file-size limit) is one clear error and leaves
 nothing a later start would trust."""
@@ -10,15 +10,16 @@ import textwrap
 
 import pytest
 
-from engine.cache_folder import usable_cache_dir
-from engine.loading import METADATA_FOLDER, ModelLoadError, gguf_metadata_dir, resolve_embedded
+from engine.loading.cache_folder import usable_cache_dir
+from engine.loading.model_files import (EMBEDDED_MODELS, METADATA_FOLDER, ModelLoadError,
+                                        gguf_metadata_dir, resolve_embedded)
 
 
 def test_an_unwritable_folder_falls_back_to_a_temporary_one(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     requested = blocker / "kvserve"
-    with caplog.at_level(logging.WARNING, logger="engine.cache_folder"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.cache_folder"):
         used = usable_cache_dir(requested)
     assert used != requested and used.is_dir()
     (used / "probe").write_text("writable")
@@ -38,7 +39,7 @@ FULL_DISK = textwrap.dedent("""
     from pathlib import Path
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit: EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
-    from engine.loading import ModelLoadError, gguf_metadata_dir
+    from engine.loading.model_files import ModelLoadError, gguf_metadata_dir
     try:
         gguf_metadata_dir(Path(sys.argv[1]), Path(sys.argv[2]))
     except ModelLoadError as error:
@@ -63,7 +64,7 @@ def test_a_metadata_write_that_fails_halfway_leaves_nothing_behind(tmp_path):
 
 
 def test_a_missing_embedded_package_names_how_to_install(monkeypatch):
-    monkeypatch.setitem(__import__("engine.loading").loading.EMBEDDED_MODELS, "absent-model",
+    monkeypatch.setitem(EMBEDDED_MODELS, "absent-model",
                         ("kvserve_no_such_package", None, "pip install no-such-package"))
     with pytest.raises(ModelLoadError, match="pip install no-such-package"):
         resolve_embedded("absent-model")

@@ -1,4 +1,4 @@
-"""Compiled layer steps (engine/compile_paths.py): which paths a config compiles on
+"""Compiled layer steps (engine/step/compile_paths.py): which paths a config compiles on
 which device, transformers' greedy tokens through compiled varlen steps (inductor,
 with the CPU's native shortcuts stepping aside while traced), and a failed
 compilation falling back to eager without losing the step."""
@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine import ContinuousBatchingConfig, GenerationConfig
-from engine.compile_paths import CompileSettings, plan_compile
+from engine.step.compile_paths import CompileSettings, plan_compile
 from tests.helpers import needs_torch_at_cpu_level, random_prompts, reference_greedy
 
 pytestmark = needs_torch_at_cpu_level
@@ -44,11 +44,11 @@ def test_explicit_configs_win_and_cpu_ignores_levels(caplog):
     assert explicit.decode.mode == "default"
     hf = plan(decode_compile_config=CompileConfig(fullgraph=True, mode="default")).decode
     assert hf.fullgraph and hf.mode == "default"
-    with caplog.at_level(logging.INFO, logger="engine.compile_paths"):
+    with caplog.at_level(logging.INFO, logger="engine.step.compile_paths"):
         whole = plan(varlen_compile_config=CompileConfig(fullgraph=True, mode="default"))
     assert whole.varlen == CompileSettings(fullgraph=False, dynamic=None, mode="default")
     assert "varlen_compile_config: fullgraph off" in caplog.text
-    with caplog.at_level(logging.INFO, logger="engine.compile_paths"):
+    with caplog.at_level(logging.INFO, logger="engine.step.compile_paths"):
         cpu = plan(CPU, fast_path=False, default_compile_level=2,
                    decode_compile_config={"dynamic": True},
                    varlen_compile_config={"dynamic": True})
@@ -66,14 +66,14 @@ def test_no_compile_where_torch_is_held_below_the_cpu(caplog, monkeypatch):
     if choose_level(cpu_features()).torch_capability == "default":
         pytest.skip("this CPU's best level is torch's lowest")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+    with caplog.at_level(logging.WARNING, logger="engine.step.compile_paths"):
         assert plan(CPU, varlen_compile_config={"dynamic": True}) == plan()
     assert "compile off: torch is held to default" in caplog.text
     assert plan(CUDA, varlen_compile_config={"dynamic": True}).varlen is not None
 
 
 def test_tensor_parallelism_and_cuda_graph_modes_are_named(caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+    with caplog.at_level(logging.WARNING, logger="engine.step.compile_paths"):
         assert plan(distributed=True, default_compile_level=1) == plan()
         plan(varlen_compile_config={"mode": "reduce-overhead"})
     assert "compile off: tensor parallelism" in caplog.text
@@ -153,7 +153,7 @@ def test_a_failed_compilation_runs_the_step_eagerly(tiny_llama, caplog):
 
     model, reference = tiny_llama
     prompts = random_prompts(3, 5, 20, seed=33)
-    with caplog.at_level(logging.WARNING, logger="engine.compile_paths"):
+    with caplog.at_level(logging.WARNING, logger="engine.step.compile_paths"):
         tokens, stats = _generate(model, prompts, 6,
                                   varlen_compile_config={"backend": broken_backend})
     assert tokens == [reference_greedy(reference, p, 6) for p in prompts]

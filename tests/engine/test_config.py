@@ -97,7 +97,7 @@ def test_max_blocks_per_request_resolution(tiny_llama, caplog):
     assert stats({"max_prompt_length": 40, "max_generated_length": 25}) \
         ["max_blocks_per_request"] == 5                                  # ceil(65 / 16)
     assert stats(max_blocks_per_request=0)["max_blocks_per_request"] == 0
-    with caplog.at_level("WARNING", logger="engine.feature_gates"):
+    with caplog.at_level("WARNING", logger="engine.step.feature_gates"):
         explicit = stats(max_blocks_per_request=7)
     assert explicit["max_blocks_per_request"] == 7
     assert explicit["decode_fast_path"] == 0                             # no flash-attn on CPU

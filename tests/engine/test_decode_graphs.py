@@ -1,4 +1,4 @@
-"""Decode CUDA graphs' padding and bucket logic (engine/cuda_graphs.py), run eagerly on
+"""Decode CUDA graphs' padding and bucket logic (engine/step/cuda_graphs.py), run eagerly on
 CPU with the flash backend on a reference of its kernels: padded static-buffer steps
 give the plain steps' tokens and leave every request's pages as the plain steps do
 (padding rows write only to the scratch page). tests/engine/test_gpu_paths.py records
@@ -16,17 +16,17 @@ from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode, table_gather
 from engine.attention.metadata import FixedTableMetadata
 from engine.attention.flash_backend import FlashPagedAttention
-from engine.compile_paths import CompilePlan, CompileSettings
-from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from engine.decode_tables import DecodeTables, decode_tables_for
-from engine.feature_gates import decode_graphs
+from engine.step.compile_paths import CompilePlan, CompileSettings
+from engine.step.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from engine.step.decode_tables import DecodeTables, decode_tables_for
+from engine.step.feature_gates import decode_graphs
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.paged_cache import PagedKVCache
 from engine.kv_cache.sizing import CacheSizing
-from engine.requests import RequestState
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledBatch, ScheduledRequest
+from engine.core.requests import RequestState
+from engine.step.runner import ModelRunner
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest
 from tests.engine.flash_reference import CountingFunctions, with_kvcache
 from tests.helpers import needs_torch_at_cpu_level, random_prompts
 

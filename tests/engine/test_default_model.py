@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import GenerationConfig, load_model
-from engine.loading import resolve_embedded, resolve_model_dir
+from engine.loading.model_files import resolve_embedded, resolve_model_dir
 
 pytestmark = pytest.mark.slow
 

@@ -84,7 +84,7 @@ def test_a_preempted_embedding_request_starts_its_sum_again():
     chunks twice: preemption drops the running sum (unless its K/V went to the CPU
     pool, where the sum stays valid)."""
     from engine.kv_cache.allocator import BlockAllocator
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
     from tests.engine.test_scheduler import make_request
 
     scheduler = Scheduler(BlockAllocator(8), 4, 8, 4, 0.0, "fifo")

@@ -13,11 +13,11 @@ import torch
 from engine.attention.backend import get_backend, switch_to_cb_friendly_attn
 from engine.attention.flash_backend import FlashPagedAttention, flash_unsupported_reason
 from engine.attention.metadata import FixedTableMetadata, FlashMetadata, TorchMetadata
-from engine.batch import build_step_inputs
-from engine.decode_tables import DecodeTables
+from engine.step.batch import build_step_inputs
+from engine.step.decode_tables import DecodeTables
 from engine.generation_config import SamplingParams
-from engine.requests import RequestState
-from engine.scheduler import ScheduledBatch, ScheduledRequest
+from engine.core.requests import RequestState
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest
 from tests.engine.flash_reference import CountingFunctions
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy
 

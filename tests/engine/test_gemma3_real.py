@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
-from engine.loading import pretrained_arguments
+from engine.loading.model_files import pretrained_arguments
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,7 @@ from tests.helpers import (assert_blocks_decode_like_dense, executors_set_to, la
 
 
 def write_family(name: str, path) -> None:
-    from engine.loading import gguf_source, resolve_embedded
+    from engine.loading.model_files import gguf_source, resolve_embedded
 
     if name == "gemma3":
         write_tiny_gemma3(gguf_source("gemma3-270m", None), path)
@@ -130,7 +130,7 @@ def test_the_files_weights_are_read_as_transformers_reads_them(name, tmp_path):
     to the dense values."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
     from engine.models.gguf_checkpoint import read_gguf_checkpoint
 
     path = resolve_embedded("smollm2-135m-instruct") if name == "llama" else tmp_path / "m.gguf"

@@ -1,4 +1,4 @@
-"""Damaged GGUF files (engine/gguf_check.py): a seeded mutation loop over a small GGUF
+"""Damaged GGUF files (engine/loading/gguf_check.py): a seeded mutation loop over a small GGUF
 built here (truncations at every section boundary, flipped bytes in each section,
 huge counts, overlapping and misaligned offsets, zero and huge dimensions, unknown
 type ids) where every case either reads or raises GGUFError naming the file, never
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.gguf_check import GGUFError, check_gguf, check_gguf_file
+from engine.loading.gguf_check import GGUFError, check_gguf, check_gguf_file
 from engine.models.gguf_tensors import read_gguf_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -194,7 +194,7 @@ def test_the_regression_corpus_keeps_its_messages(small_gguf, tmp_path):
 def test_an_unknown_architecture_names_the_ones_read(tmp_path):
     import gguf
 
-    from engine.loading import resolve_model_dir
+    from engine.loading.model_files import resolve_model_dir
 
     path = tmp_path / "other.gguf"
     writer = gguf.GGUFWriter(str(path), "notafamily")
@@ -212,7 +212,7 @@ def test_an_unknown_architecture_names_the_ones_read(tmp_path):
 def test_string_arrays_are_skipped_whole_or_their_fault_is_named():
     """skip_strings walks a vocabulary in one loop and stops at the first string that
     runs past the end, so the checker's slow walk can name it."""
-    from engine.gguf_check import skip_strings
+    from engine.loading.gguf_check import skip_strings
 
     strings = [b"a", b"", b"hello", b"x" * 300]
     packed = b"".join(struct.pack("<Q", len(s)) + s for s in strings)

@@ -15,8 +15,8 @@ from engine import load_model
 from engine.attention.backend import get_backend
 from engine.attention.flash_backend import load_flash_functions
 from engine.generation_config import SamplingParams
-from engine.requests import RequestState
-from engine.sampling import Sampler
+from engine.core.requests import RequestState
+from engine.step.sampling import Sampler
 from tests.engine import flash_reference
 from tests.helpers import generate_and_inspect, random_prompts, save_head16_llama
 

@@ -11,8 +11,8 @@ import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.errors import InvalidRequestError
-from engine.grammar import GrammarSpec
-from engine.grammar_masks import _fix_eos, apply_masks
+from engine.structured.grammar import GrammarSpec
+from engine.structured.grammar_masks import _fix_eos, apply_masks
 
 pytestmark = pytest.mark.slow
 

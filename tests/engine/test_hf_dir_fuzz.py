@@ -1,4 +1,4 @@
-"""Damaged model directories (engine/hf_check.py): a tiny checkpoint's config.json and
+"""Damaged model directories (engine/loading/hf_check.py): a tiny checkpoint's config.json and
 safetensors header cut short, flipped and given extreme values, each case either
 loading or raising ModelLoadError in one line naming the file, never another
 exception; two of them through `python -m server`, each ending with exit 1 and one

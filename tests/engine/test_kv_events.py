@@ -12,8 +12,8 @@ from engine.kv_cache.block_hash import hash_block
 from engine.kv_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
                                        KVEventLog)
 from engine.outputs import RequestStatus
-from engine.requests import RequestState
-from engine.scheduler import Scheduler
+from engine.core.requests import RequestState
+from engine.core.scheduler import Scheduler
 
 PAGE = 4
 

@@ -1,4 +1,4 @@
-"""The load plan (engine/load_plan.py) over the whole matrix: dtype x source x family x
+"""The load plan (engine/loading/load_plan.py) over the whole matrix: dtype x source x family x
 device x the CPU kernels' ISA level, each cell a plan or a refusal with its reason."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from engine.load_plan import (DTYPE_NAMES, CpuKernels, LoadRefused, ModelSource, dtype_mode,
+from engine.loading.load_plan import (DTYPE_NAMES, CpuKernels, LoadRefused, ModelSource, dtype_mode,
                               plan_load)
 
 LEVELS = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.loading import ModelLoadError, resolve_model_dir
+from engine.loading.model_files import ModelLoadError, resolve_model_dir
 from tests.helpers import bf16_gemm_levels, cpu_isa, needs_bf16_gemm
 
 
@@ -118,7 +118,7 @@ def test_bf16_weights_mode_keeps_activations_in_fp32(tiny_models, level):
 def test_bf16_weights_on_dense_weights_is_refused_without_the_native_bf16_gemm(tiny_models):
     """On the generic level (no native bf16 GEMM) an HF checkpoint's bf16 products would
     run at about half float32's rate: refused at load, naming float32."""
-    from engine.load_plan import LoadRefused
+    from engine.loading.load_plan import LoadRefused
 
     path, _ = tiny_models["llama"]
     with cpu_isa("generic"), pytest.raises(LoadRefused, match="generic level.*use dtype float32"):
@@ -135,7 +135,7 @@ def test_kv_cache_dtype_option(tiny_models, dtype, option, expected):
     it) by bf16's rounding only."""
     from engine import ContinuousBatchingConfig, GenerationConfig
     from engine.kv_cache.sizing import CacheSizing
-    from engine.runner import ModelRunner
+    from engine.step.runner import ModelRunner
 
     path, _ = tiny_models["llama"]
     model = load_model(path, dtype=dtype, progress=False, kv_cache_dtype=option)
@@ -211,7 +211,7 @@ def test_metadata_of_deleted_gguf_files_is_forgotten(tmp_path):
     copies earlier versions kept."""
     import shutil
 
-    from engine.loading import gguf_metadata_dir, resolve_embedded
+    from engine.loading.model_files import gguf_metadata_dir, resolve_embedded
 
     source = resolve_embedded("smollm2-135m-instruct")
     first, second = tmp_path / "first.gguf", tmp_path / "second.gguf"
@@ -240,7 +240,7 @@ def test_dtype_auto_is_float32_on_cpu_and_the_checkpoints_half_type_on_gpus():
     import torch
     from transformers import LlamaConfig
 
-    from engine.loading import auto_dtype
+    from engine.loading.model_files import auto_dtype
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert auto_dtype(LlamaConfig(dtype="bfloat16"), cpu) == torch.float32

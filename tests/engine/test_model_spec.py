@@ -65,7 +65,7 @@ def test_the_load_plan_sets_the_kv_dtype_the_engine_reads(tiny_models):
     from engine import load_model
 
     from engine.kv_cache.sizing import CacheSizing
-    from engine.runner import ModelRunner
+    from engine.step.runner import ModelRunner
 
     path, _ = tiny_models["qwen2"]
     model = load_model(path, progress=False, kv_cache_dtype="bfloat16")

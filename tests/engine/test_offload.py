@@ -2,7 +2,7 @@
 without recomputation; the tokens are the same as with recompute or no pressure."""
 
 from engine.kv_cache.allocator import BlockAllocator
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 
 from tests.engine.test_scheduler import make_request, run_step
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy

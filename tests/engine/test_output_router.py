@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from engine.output_router import OutputRouter
+from engine.core.output_router import OutputRouter
 from engine.outputs import GenerationOutput, RequestStatus
 
 
@@ -27,7 +27,7 @@ def test_a_steps_outputs_reach_their_loop_in_one_wake_up():
         original = loop.call_soon_threadsafe
 
         def counting(callback, *args):
-            if getattr(callback, "__module__", "") == "engine.output_router":
+            if getattr(callback, "__module__", "") == "engine.core.output_router":
                 wake_ups.append(args)               # the router's, not asyncio's own
             return original(callback, *args)
 

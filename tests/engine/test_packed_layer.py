@@ -16,9 +16,9 @@ from engine.models.block_weights import BF16_KERNEL_ROWS
 from engine.models.executors import Executors
 from engine.models.fast_decode import FastDecodeLayer
 from engine.models.packed_layer import PackedLayer
-from engine.requests import RequestState
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledBatch, ScheduledRequest
+from engine.core.requests import RequestState
+from engine.step.runner import ModelRunner
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest
 from tests.helpers import (ServedSpy, executors_set_to, layer_executors, needs_bf16_gemm,
                            needs_bf16_packing)
 

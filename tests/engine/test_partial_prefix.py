@@ -10,8 +10,8 @@ from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.block_hash import extend_block_hashes
 from engine.kv_cache.paged_cache import PagedKVCache, copy_slots
 from engine.kv_cache.partial_prefix import PartialPrefix, find_partial_prefix
-from engine.requests import RequestState
-from engine.scheduler import Scheduler
+from engine.core.requests import RequestState
+from engine.core.scheduler import Scheduler
 
 from tests.engine.test_scheduler import run_step
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy

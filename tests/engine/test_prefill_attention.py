@@ -9,11 +9,11 @@ import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.attention.torch_backend import TorchPagedAttention
-from engine.batch import STEP_QUERY_MAX_PAIRS, build_step_inputs
+from engine.step.batch import STEP_QUERY_MAX_PAIRS, build_step_inputs
 from engine.generation_config import SamplingParams
 from engine.kernels import load_native_kernels
-from engine.requests import RequestState
-from engine.scheduler import ScheduledBatch, ScheduledRequest
+from engine.core.requests import RequestState
+from engine.core.scheduler import ScheduledBatch, ScheduledRequest
 from tests.helpers import random_prompts, reference_greedy, save_head16_llama
 
 

@@ -4,7 +4,7 @@ identical outputs with fewer prefilled tokens in the engine."""
 from engine import ContinuousBatchingConfig, GenerationConfig
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.block_hash import extend_block_hashes, hash_block
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 
 from tests.engine.test_scheduler import make_request, run_step
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy

@@ -18,8 +18,8 @@ from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.kv_cache.paged_cache import PagedKVCache
-from engine.requests import RequestState
-from engine.scheduler import Scheduler
+from engine.core.requests import RequestState
+from engine.core.scheduler import Scheduler
 
 from tests.helpers import random_prompts
 

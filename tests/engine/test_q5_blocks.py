@@ -34,7 +34,7 @@ def test_the_q5_k_encoding_reads_back_through_gguf_py():
 
 @pytest.mark.slow
 def test_a_q5_model_decodes_from_its_own_blocks(tmp_path):
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
 
     path = tmp_path / "smollm2-q5.gguf"
     written = write_requantized(resolve_embedded("smollm2-135m-instruct"), path, q5_encoding)

@@ -120,8 +120,8 @@ def test_vectorised_bias_equals_a_loop_over_entries():
     """Penalties, then the bias: the one index_add gives the logits a per-token loop
     over every request's entries gives, bit for bit (full-vocabulary biases too)."""
     from engine.generation_config import SamplingParams
-    from engine.requests import RequestState
-    from engine.sampling import Sampler
+    from engine.core.requests import RequestState
+    from engine.step.sampling import Sampler
 
     vocab = 300
     generator = torch.Generator().manual_seed(4)

@@ -4,8 +4,8 @@ import pytest
 
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
-from engine.requests import RequestState
-from engine.scheduler import Scheduler
+from engine.core.requests import RequestState
+from engine.core.scheduler import Scheduler
 
 
 def make_request(request_id: str, prompt_len: int, max_new_tokens: int = 8) -> RequestState:

@@ -12,8 +12,8 @@ import pytest
 from engine.generation_config import SamplingParams
 from engine.kv_cache.allocator import BlockAllocator
 from engine.outputs import RequestStatus
-from engine.requests import RequestState
-from engine.scheduler import Scheduler
+from engine.core.requests import RequestState
+from engine.core.scheduler import Scheduler
 
 
 def random_request(rng: random.Random, index: int, shared_prefix: list[int]) -> RequestState:

@@ -207,8 +207,8 @@ def test_the_samplers_verdicts_keep_the_processed_distribution():
     import torch
 
     from engine.generation_config import SamplingParams
-    from engine.requests import RequestState
-    from engine.sampling import Sampler
+    from engine.core.requests import RequestState
+    from engine.step.sampling import Sampler
 
     sampler = Sampler(torch.device("cpu"), seed=9)
     params = SamplingParams(do_sample=True, temperature=0.8, top_k=8)
@@ -228,7 +228,7 @@ def test_the_samplers_verdicts_keep_the_processed_distribution():
 
 def test_sliding_models_decode_plainly_and_say_why(tiny_mistral, caplog):
     model, _ = tiny_mistral
-    with caplog.at_level(logging.WARNING, logger="engine.engine_setup"):
+    with caplog.at_level(logging.WARNING, logger="engine.core.engine_setup"):
         _, stats = generate_and_inspect(model, looping_prompts(2, seed=30), 8,
                                         speculative_config=NGRAM)
     assert stats["spec_decode"] == 0

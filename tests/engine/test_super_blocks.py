@@ -120,7 +120,7 @@ def test_a_super_block_form_takes_only_its_own_type(kernels):  # noqa: F811
 def gemma_forms(kernels):  # noqa: F811
     """Gemma 3 270M Q4_K_M (Q4_K o projections, Q4_K and Q6_K down projections) in
     int8-activations, read into the super-block forms and into the wide ones."""
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
 
     if kernels.int8_path not in int8_blocks.SUPER_BLOCK_LOOPS:
         pytest.skip(f"the {kernels.int8_path} loop reads the wide forms")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import ContinuousBatchingConfig
-from engine.loading import ModelLoadError
+from engine.loading.model_files import ModelLoadError
 from engine.model_api import load_model
 from engine.models.transformers_path import TransformersCausalLM, UnsupportedModelError
 from tests.helpers import generate_and_inspect, random_prompts, reference_greedy

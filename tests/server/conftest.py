@@ -38,7 +38,7 @@ CORS_ORIGIN = "http://localhost:3000"
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from engine.loading import resolve_model_dir
+    from engine.loading.model_files import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(str(resolve_model_dir(MODEL)))
 

@@ -32,7 +32,7 @@ def sdk(server):
 def reference():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.loading import resolve_embedded
+    from engine.loading.model_files import resolve_embedded
 
     path = resolve_embedded(MODEL)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,

@@ -49,7 +49,7 @@ def thinker(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from engine.loading import resolve_model_dir
+    from engine.loading.model_files import resolve_model_dir
 
     path = tmp_path_factory.mktemp("tiny-thinker")
     torch.manual_seed(11)

@@ -94,7 +94,7 @@ def test_each_of_n_choices_is_the_plain_answer(speculative_server):
 
 def test_tool_calls_are_the_same_with_drafts(speculative_server):
     """The call's arguments are constrained by a grammar: drafts are cut to what it
-    accepts and each verify row is masked (engine/grammar_masks.py)."""
+    accepts and each verify row is masked (engine/structured/grammar_masks.py)."""
     from bench.tool_loop import QUESTION, TOOLS
 
     answers = [_chat(speculative_server, messages=[{"role": "user", "content": QUESTION}],

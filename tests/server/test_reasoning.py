@@ -39,7 +39,7 @@ def test_prompt_that_leaves_a_block_open():
 
 
 def test_every_grammar_kind_follows_the_thinking(tokenizer):
-    from engine.grammar import GrammarCompiler, GrammarSpec
+    from engine.structured.grammar import GrammarCompiler, GrammarSpec
     from server.text_pipeline.reasoning import after_thinking
 
     compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))

@@ -21,7 +21,7 @@ ESCAPES = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.loading import load_tokenizer, resolve_model_dir
+    from engine.loading.model_files import load_tokenizer, resolve_model_dir
 
     return load_tokenizer(resolve_model_dir("smollm2-135m-instruct"))
 

@@ -116,7 +116,7 @@ SAMPLES = {  # family -> (a valid call answer, a text answer, a call to a functi
 
 @pytest.mark.parametrize("family", ["generic", "hermes", "llama3_json", "mistral"])
 def test_grammars_accept_calls_and_text_and_refuse_unknown_functions(family, tokenizer):
-    from engine.grammar import GrammarCompiler
+    from engine.structured.grammar import GrammarCompiler
 
     compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     body = request(tools=TOOLS)

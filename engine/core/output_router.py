@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Callable
 
-from .outputs import GenerationOutput
+from ..outputs import GenerationOutput
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from .kv_cache.allocator import BlockAllocator
-from .kv_cache.block_manager import BlockManager, blocks_needed
-from .outputs import RequestStatus
+from ..kv_cache.allocator import BlockAllocator
+from ..kv_cache.block_manager import BlockManager, blocks_needed
+from ..outputs import RequestStatus
 from .requests import RequestState
-from .speculative.proposer import NgramProposer
+from ..speculative.proposer import NgramProposer
 
 
 @dataclass(frozen=True)

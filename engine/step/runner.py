@@ -12,17 +12,17 @@ from .batch import StepInputs, build_step_inputs
 from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
-from .grammar_masks import NO_MASKS, GrammarMasks, PendingMasks, apply_masks
+from ..structured.grammar_masks import NO_MASKS, GrammarMasks, PendingMasks, apply_masks
 from .pooling_step import pooled_parts
-from .distributed import StepPlan, StepSync, to_device
-from .kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
-from .kv_cache.sizing import CacheSizing
-from .kernels import load_native_kernels
-from .models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
-from .requests import RequestState
+from ..distributed import StepPlan, StepSync, to_device
+from ..kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
+from ..kv_cache.sizing import CacheSizing
+from ..kernels import load_native_kernels
+from ..models.block_weights import PANEL_KERNEL_ROWS, BlockLinear
+from ..core.requests import RequestState
 from .sampling import PendingSample, SampleResult, Sampler, greedy_picks, on_device
-from .scheduler import ScheduledBatch, ScheduledRequest
-from .speculative.acceptance import Verdict
+from ..core.scheduler import ScheduledBatch, ScheduledRequest
+from ..speculative.acceptance import Verdict
 
 
 SMALL_STEP_TOKENS = 8

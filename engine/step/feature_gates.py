@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ContinuousBatchingConfig
+from ..config import ContinuousBatchingConfig
 from .decode_tables import DecodeTables, decode_tables_for
-from .model_spec import EngineModelSpec
+from ..model_spec import EngineModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +113,8 @@ def plan_decode_paths(config: ContinuousBatchingConfig, module, spec: EngineMode
     """Per manager: on CUDA the attention backend of `module` (flash where it serves
     this page size, see attention/backend.py), then the decode fast path and its
     graphs, from the model's `spec`."""
-    from .attention.backend import switch_to_cb_friendly_attn
-    from .kv_cache.sizing import resolve_max_blocks_per_request
+    from ..attention.backend import switch_to_cb_friendly_attn
+    from ..kv_cache.sizing import resolve_max_blocks_per_request
 
     if device.type == "cuda":      # each manager decides anew (its page size, its flag)
         switch_to_cb_friendly_attn(module, config.auto_switch_to_flash, page_size)

@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from .pooling import Pooling
-from .scheduler import ScheduledBatch, ScheduledRequest
+from ..pooling import Pooling
+from ..core.scheduler import ScheduledBatch, ScheduledRequest
 
 
 def pooled_parts(hidden: torch.Tensor, batch: ScheduledBatch,

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .compile_paths import plan_compile
-from .config import ContinuousBatchingConfig
-from .distributed import StepSync
-from .feature_gates import DecodePlan, adjust_for_sliding, async_batching, plan_decode_paths
-from .kv_cache.allocator import BlockAllocator
-from .model_spec import EngineModelSpec
-from .kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
-from .runner import ModelRunner
+from ..step.compile_paths import plan_compile
+from ..config import ContinuousBatchingConfig
+from ..distributed import StepSync
+from ..step.feature_gates import DecodePlan, adjust_for_sliding, async_batching, plan_decode_paths
+from ..kv_cache.allocator import BlockAllocator
+from ..model_spec import EngineModelSpec
+from ..kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
+from ..step.runner import ModelRunner
 from .scheduler import Scheduler
-from .speculative.proposer import NgramProposer, make_proposer
+from ..speculative.proposer import NgramProposer, make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _proposer(model, config: ContinuousBatchingConfig, spec: EngineModelSpec,
     logger.info("speculative decoding: %s, up to %d drafts a step", speculative.method,
                 speculative.num_speculative_tokens)
     if speculative.method == "draft_model":
-        from .speculative.draft_model import load_draft_proposer
+        from ..speculative.draft_model import load_draft_proposer
         return load_draft_proposer(speculative, model, sizing)
     return make_proposer(speculative)
 

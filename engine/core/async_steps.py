@@ -32,7 +32,7 @@ Engine thread only.
 
 from __future__ import annotations
 
-from .runner import LaunchedStep
+from ..step.runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest, Scheduler
 
 

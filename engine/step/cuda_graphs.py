@@ -40,7 +40,7 @@ import logging
 
 import torch
 
-from .attention.metadata import AttentionMetadata, FixedTableMetadata
+from ..attention.metadata import AttentionMetadata, FixedTableMetadata
 from .decode_tables import DecodeTables
 
 logger = logging.getLogger(__name__)

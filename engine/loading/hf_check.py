@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 JSON_FILES = ("config.json", "tokenizer_config.json", "generation_config.json")
 SIZE_LIMITS = {

@@ -22,19 +22,19 @@ import threading
 
 import torch
 
-from .config import ContinuousBatchingConfig
+from ..config import ContinuousBatchingConfig
 from .async_steps import AsyncSteps
 from .engine_setup import build_engine_parts
-from .errors import InvalidRequestError
-from .kv_cache.kv_events import KVEventLog, KVEventSink
+from ..errors import InvalidRequestError
+from ..kv_cache.kv_events import KVEventLog, KVEventSink
 from .output_router import OutputRouter
-from .outputs import RequestStatus
+from ..outputs import RequestStatus
 from .pause_gate import PauseGate
-from .pooling_step import add_part, embedding_of
+from ..step.pooling_step import add_part, embedding_of
 from .requests import RequestState
-from .runner import LaunchedStep
+from ..step.runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
-from .speculative.acceptance import SpeculationCounts, Verdict
+from ..speculative.acceptance import SpeculationCounts, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -415,5 +415,5 @@ class EngineLoop:
 
 
 def _greedy_params():
-    from .generation_config import SamplingParams
+    from ..generation_config import SamplingParams
     return SamplingParams()

@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .generation_config import SamplingParams
-from .grammar import GrammarMatcher
-from .outputs import GenerationOutput, RequestStatus
-from .pooling import Pooling
+from ..generation_config import SamplingParams
+from ..structured.grammar import GrammarMatcher
+from ..outputs import GenerationOutput, RequestStatus
+from ..pooling import Pooling
 
 
 @dataclass(eq=False)

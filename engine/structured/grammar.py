@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidRequestError
+from ..errors import InvalidRequestError
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark")
 

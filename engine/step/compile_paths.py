@@ -47,8 +47,8 @@ from typing import Any, Callable
 
 import torch
 
-from .attention.torch_backend import compile_boundary
-from .kernels.isa import torch_held_below_cpu
+from ..attention.torch_backend import compile_boundary
+from ..kernels.isa import torch_held_below_cpu
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .grammar_masks import NO_MASKS, PendingMasks, apply_masks
-from .requests import RequestState
-from .speculative.acceptance import Verdict, verify_greedy, verify_sampled
+from ..structured.grammar_masks import NO_MASKS, PendingMasks, apply_masks
+from ..core.requests import RequestState
+from ..speculative.acceptance import Verdict, verify_greedy, verify_sampled
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
     compares one value at a time)."""
     if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.is_contiguous() and logits.shape[1] > 0):
-        from .kernels import default_kernels
+        from ..kernels import default_kernels
         kernels = default_kernels()
         if kernels is not None:
             return kernels.argmax(logits)

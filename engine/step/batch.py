@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from .attention.metadata import (AttentionMetadata, FixedTableMetadata, FlashMetadata,
+from ..attention.metadata import (AttentionMetadata, FixedTableMetadata, FlashMetadata,
                                  PrefillSlice, TorchMetadata)
 from .decode_tables import DecodeTables
-from .requests import RequestState
-from .scheduler import ScheduledBatch
+from ..core.requests import RequestState
+from ..core.scheduler import ScheduledBatch
 
 
 @dataclass(frozen=True)

@@ -248,8 +248,8 @@ def _check_bf16_products(kernels: CpuKernels | None) -> None:
 def _methods(mode: DtypeMode, compute: torch.dtype, source: ModelSource, on_blocks: bool,
              kernels: CpuKernels | None) -> tuple[str, str]:
     """How projections and the LM head hold their weights, in the load log's words."""
-    from .models.block_weights import BF16_KERNEL_ROWS
-    from .models.mixed_precision import RESCORED_CANDIDATES
+    from ..models.block_weights import BF16_KERNEL_ROWS
+    from ..models.mixed_precision import RESCORED_CANDIDATES
 
     rescored = f"bf16 logits, top {RESCORED_CANDIDATES} redone in fp32"
     if on_blocks:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .cache_folder import usable_cache_dir
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .hf_check import check_model_dir
 from .gguf_check import GGUFError, check_gguf_file
 
@@ -315,7 +315,7 @@ def read_config(model_dir: Path):
 def _saved_config(model_dir: Path) -> SavedConfig | None:
     """The folder's config as a SavedConfig where gguf_metadata_dir wrote it (a folder
     of its `gguf-metadata` cache) for a model_type we have code for."""
-    from .models import OWN_MODEL_TYPES
+    from ..models import OWN_MODEL_TYPES
 
     if model_dir.parent.name != METADATA_FOLDER or not (model_dir / "config.json").is_file():
         return None
