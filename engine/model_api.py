@@ -4,7 +4,6 @@ transformers' API (`generate_batch`, `init_continuous_batching`,
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import time
@@ -14,7 +13,6 @@ from typing import Any
 import torch
 
 from .config import ContinuousBatchingConfig
-from .errors import ModelLoadError
 from .generation_config import GenerationConfig, resolve_eos, unsupported_settings
 from .structured.grammar import GrammarCompiler
 from .loading.model_files import without_gc
@@ -203,8 +201,8 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     which serves embedding requests only (engine/encoder).
 
     `dtype`: "auto" (on CPU int8-activations for a GGUF file where an int8 vector loop
-    is built, else float32: load_plan.py; the checkpoint's bf16/fp16 on accelerators,
-    else bf16: loading.auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
+    is built, else float32: loading/load_plan.py; the checkpoint's bf16/fp16 on accelerators,
+    else bf16: loading/model_files.py's auto_dtype), "float32", "bfloat16", "float16", "bf16-weights",
     "int8-weights" (models/mixed_precision.py) or "int8-activations" (a GGUF on CPU:
     its blocks multiply activations quantized to int8 per 32 values, as llama.cpp
     does; models/int8_blocks.py).
@@ -222,185 +220,31 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     `tp_size` > 1 shards the weights over that many processes, which must have been
     started by `torchrun --nproc-per-node tp_size` (see engine/distributed); on CUDA
     each rank uses the GPU of its LOCAL_RANK."""
-    from .kernels.cpu_threads import release_openmp_pool
-    from .loading.load_plan import dtype_mode
-    from .loading.model_files import (check_quantization, gguf_source, load_tokenizer, read_config,
-                          resolve_model_dir, return_freed_memory)
-    from .models import has_own_code
     from .encoder import is_encoder_config, load_encoder
+    from .kernels.cpu_threads import release_openmp_pool
+    from .loading.assemble import build_module, open_spec, plan_for
+    from .loading.load_plan import dtype_mode
+    from .loading.model_files import check_quantization, return_freed_memory
     from .models.classifier_head import check_classifier_family
-    from .models.method_choice import choose_linear_methods
 
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     dtype_mode(dtype)                         # a bad name fails before anything is read
     device = torch.device(device)
     started = time.perf_counter()
-    generation_config, tokenizer_loading = None, None
-    if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
-        config, source = spec.config, spec
-    else:
-        cache = Path(cache_dir) if cache_dir else None
-        model_dir = resolve_model_dir(str(spec), cache)   # a GGUF's: config and tokenizer
-        config = read_config(model_dir)
-        source = gguf_source(str(spec), cache) or model_dir
-        generation_config = _generation_config_from(model_dir, config)
-        if tokenizer is None:       # importing transformers for it: beside the weights
-            tokenizer_loading = _in_background(load_tokenizer, model_dir)
-        if is_encoder_config(config):         # BERT-like: its own small engine
-            return load_encoder(model_dir, config, dtype, device,
-                                tokenizer or tokenizer_loading.result(), tp_size)
-    check_quantization(config)
-    check_classifier_family(config)
-    plan, native = _plan(dtype, source, config, device, tp_size, block_kernels, kv_cache_dtype,
-                         cache_dir)
+    opened = open_spec(spec, Path(cache_dir) if cache_dir else None, tokenizer is None)
+    if opened.model_dir is not None and is_encoder_config(opened.config):
+        return load_encoder(opened.model_dir, opened.config, dtype, device,   # BERT-like
+                            tokenizer or opened.tokenizer(), tp_size)
+    check_quantization(opened.config)
+    check_classifier_family(opened.config)
+    plan, native = plan_for(dtype, opened, device, tp_size, block_kernels, kv_cache_dtype,
+                            cache_dir)
     logger.info("load plan:\n%s", plan.table())
-    kernels = native if plan.block_kernels else None
-    if has_own_code(config):
-        try:
-            module = _own_family(_read_weights(source, config, progress, kernels,
-                                               plan.int8_activations),
-                                 config, plan.compute, device, tp_size, cpu_group_timeout,
-                                 kernels, dense_table=plan.dense_table)
-        except ModelLoadError:
-            raise
-        except (ValueError, KeyError, RuntimeError) as error:   # weights that do not fit
-            if tp_size > 1:            # the config, or damaged; a TensorParallelError
-                raise                  # (sharding, launch) says its own part
-            raise _weights_refused(source, error) from error
-        choose_linear_methods(module, plan.dtype.weights,
-                              pack=device.type == "cpu" and tp_size == 1,
-                              native_bf16=plan.native_bf16)
-        if device.type == "cpu" and tp_size == 1 and native is not None:
-            from .models.executor_choice import use_chosen_executors
-
-            use_chosen_executors(module, native)
-    else:
-        module = _transformers_family(source, config, plan.compute, device)
-    if plan.kv_cache is not None:
-        module.use_kv_cache_dtype(plan.kv_cache)
-    if tokenizer_loading is not None:
-        tokenizer = tokenizer_loading.result()
-    model = EngineModel(module, config, tokenizer or None, generation_config)
+    module = build_module(opened, plan, native, device, tp_size, cpu_group_timeout, progress)
+    model = EngineModel(module, opened.config, tokenizer or opened.tokenizer(),
+                        opened.generation_config)
     model.load_seconds = time.perf_counter() - started
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return_freed_memory()      # what loading freed, back to the system
     return model
-
-
-def _weights_refused(source, error: Exception) -> ModelLoadError:
-    """One line naming the weights' source and the first line of what went wrong
-    (a shape that disagrees with the config, a missing tensor, a torch read error)."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    where = "the model given" if isinstance(source, torch.nn.Module) else str(source)
-    return ModelLoadError(f"{where}: its weights cannot be loaded "
-                          f"({type(error).__name__}: {first})")
-
-
-def _in_background(function, *args) -> concurrent.futures.Future:
-    """function(*args) on a thread of its own. Loading a tokenizer is mostly importing
-    transformers (Python, holding the interpreter lock), while reading a GGUF's blocks
-    runs in native code that releases it: side by side they take the longer one's
-    time, not the sum (docs/benchmarks.md, Start-up and real-size models)."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvserve-load")
-    future = pool.submit(function, *args)
-    pool.shutdown(wait=False)
-    return future
-
-
-def _plan(dtype, source, config, device: torch.device, tp_size: int, block_kernels: bool,
-          kv_cache_dtype: str, cache_dir):
-    """The load plan (load_plan.py) and, on CPU, the native kernels it was made for
-    (None where they cannot be built)."""
-    from .kernels import load_native_kernels
-    from .loading.load_plan import CpuKernels, ModelSource, plan_load
-    from .loading.model_files import auto_dtype
-    from .models import has_own_code
-
-    native = load_native_kernels(Path(cache_dir) if cache_dir else None) \
-        if device.type == "cpu" else None
-    kind = ("module" if isinstance(source, torch.nn.Module)
-            else "gguf" if source.suffix == ".gguf" else "hf")
-    plan = plan_load(dtype, ModelSource(kind, has_own_code(config), config.model_type),
-                     device.type, tp_size, block_kernels,
-                     None if native is None else CpuKernels.of(native), kv_cache_dtype,
-                     auto_dtype(config, device))
-    return plan, native
-
-
-def _read_weights(source, config, progress: bool, kernels, int8_activations: bool):
-    """The dense state dict (transformers' names) of a model instance or directory,
-    or the GGUFCheckpoint of a GGUF file (read in place; its blocks parsed by the
-    native `kernels` where given, for int8 activations or not)."""
-    from .loading.model_files import read_state_dict
-    from .models.gguf_checkpoint import BlockParsing, read_gguf_checkpoint
-
-    if isinstance(source, torch.nn.Module):
-        return source.state_dict()
-    if source.suffix == ".gguf":
-        return read_gguf_checkpoint(source, config, BlockParsing(kernels, int8_activations))
-    return read_state_dict(source, progress)
-
-
-def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_size: int,
-                cpu_group_timeout: float | None, kernels, dense_table: bool):
-    """One of our decoder implementations (models/__init__.py's registry), sharded
-    under tensor parallelism. A GGUF's projections run on its blocks in float32 on
-    CPU, with no dense copy where the blocks serve every step size (unless
-    `dense_table`: bf16-weights keeps an fp32 table for its LM head), in whatever
-    form `weights` holds them (int8-activation forms where it was read for them).
-    `kernels`: the native kernels that serve a GGUF's blocks (the plan's), or None."""
-    from .models import build_model
-    from .models.block_install import use_blocks
-    from .models.gguf_checkpoint import GGUFCheckpoint
-
-    gguf = weights if isinstance(weights, GGUFCheckpoint) else None
-    if gguf is None or kernels is None:
-        state = weights if gguf is None else gguf.dense_state()
-        if tp_size > 1:
-            return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
-        return build_model(config, state, dtype, device)
-    return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, dense_table)))
-
-
-def _transformers_family(source, config, dtype: torch.dtype, device: torch.device):
-    """A family we have no code for, on transformers' modeling code with the paged
-    attention (models/transformers_path.py); the plan has refused what it cannot do."""
-    from .models.transformers_path import load_transformers_model
-
-    module = load_transformers_model(source, dtype, device)
-    logger.info("model_type %r runs on transformers' modeling code with the paged "
-                "attention (no native decode kernels)", config.model_type)
-    return module
-
-
-def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,
-                   timeout_s: float | None) -> torch.nn.Module:
-    """Build the whole model on the host, keep this rank's shard, move it to its device."""
-    from .distributed import check_shardable, init_tensor_parallel, shard_model
-    from .models import build_model
-
-    check_shardable(config, tp_size)          # before joining: a bad size fails at once
-    group = init_tensor_parallel(tp_size, device, timeout_s)
-    module = shard_model(build_model(config, state, dtype, torch.device("cpu")), group)
-    module = module.to(group.device)
-    module.reset_buffers(group.device)
-    module.use_tensor_parallel(group)
-    return module
-
-
-def _generation_config_from(model_dir: Path, config) -> GenerationConfig | None:
-    """The model's own EOS ids from generation_config.json when it has one: they can
-    differ from config.json's (Llama 3 Instruct also stops at <|eot_id|>), and
-    transformers' generate stops at them. Sampling defaults there are not adopted:
-    the engine stays greedy unless asked."""
-    path = model_dir / "generation_config.json"
-    if not path.is_file():
-        return None
-    from transformers import GenerationConfig as HFGenerationConfig
-
-    eos = HFGenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-    if eos is None:
-        eos = getattr(config, "eos_token_id", None)
-    return GenerationConfig(eos_token_id=list(eos) if isinstance(eos, (list, tuple)) else eos)

@@ -36,7 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
                "Precedence, lowest first: defaults, the --config file, the environment, "
                "flags.",
         argument_default=None)
-    add = parser.add_argument
+    _model_flags(parser.add_argument)
+    _http_flags(parser.add_argument_group("http", "connections, limits, logging, browsers"))
+    _text_flags(parser.add_argument_group("text", "chat templates and tool calls"))
+    _engine_flags(parser.add_argument_group("engine",
+                                            "continuous batching (default: engine's choice)"))
+    testing = parser.add_argument_group("testing")
+    testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
+                         help="add POST /debug/fail-engine (kills the engine thread)")
+    for action in parser._actions:     # each setting's flag names its variable
+        if action.dest in ServerSettings.model_fields and action.help:
+            off = "=0" if action.const is False else ""     # a --no-... flag
+            action.help += f" [env {env_name(action.dest)}{off}]"
+    return parser
+
+
+def _model_flags(add) -> None:
+    """What to serve and where: the model and its name, the address and keys, the
+    dtype, device, kernel ISA and tensor parallelism."""
     add("--config", help="YAML file of settings (see configs/default.yaml)")
     add("--model", help="model: built-in name, HF directory, GGUF file or hub id")
     add("--gguf-file", help="with a hub id as --model: the repository's GGUF file to serve")
@@ -66,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "neon, dotprod (docs/cpu-kernels.md)")
     add("--tp-size", type=int, help="tensor-parallel processes (launch with torchrun "
                                      "--nproc-per-node TP_SIZE -m server ...)")
+
+
+def _http_flags(group) -> None:
+    add = group.add_argument
     add("--max-request-bytes", type=int, help="largest request body accepted")
     add("--request-timeout", dest="request_timeout_s", type=float,
         help="seconds a generation may run before it is cancelled (504)")
@@ -93,41 +114,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="Host header names served besides loopback ones (DNS-rebinding guard)")
     add("--no-web-ui", dest="web_ui", action="store_false", default=None,
         help="do not serve the built-in chat page at /")
+
+
+def _text_flags(group) -> None:
+    add = group.add_argument
     add("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's")
     add("--parse-special-tokens-in-messages", type=_bool, metavar="BOOL",
         help="let message text that spells a control token become it (default false)")
     add("--tool-parser", help="auto (from the chat template), generic, hermes, llama3_json "
                               "or mistral")
-    engine = parser.add_argument_group("engine", "continuous batching (default: engine's choice)")
-    engine.add_argument("--page-size", type=int, help="tokens per KV page")
-    engine.add_argument("--max-batch-tokens", type=int, help="token budget of one forward pass")
-    engine.add_argument("--num-blocks", type=int, help="number of KV cache blocks")
-    engine.add_argument("--max-memory-percent", type=float,
-                        help="share of free memory for the KV cache, in (0, 1]")
-    engine.add_argument("--max-requests-per-batch", type=int, help="cap on requests per step")
-    engine.add_argument("--scheduler", help="fifo or prefill_first")
-    engine.add_argument("--allow-block-sharing", type=_bool, help="prefix caching (true/false)")
-    engine.add_argument("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
-    engine.add_argument("--cpu-offload-space", type=float,
-                        help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
-    engine.add_argument("--compile-level", type=int,
-                        help="torch.compile of decoder layers on GPUs, 0-3 (0 = off)")
-    engine.add_argument("--speculative-config", metavar="JSON",
-                        help='speculative decoding, e.g. \'{"method": "ngram", '
-                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-                             '"prompt_lookup_min": 2}\'')
+
+
+def _engine_flags(group) -> None:
+    add = group.add_argument
+    add("--page-size", type=int, help="tokens per KV page")
+    add("--max-batch-tokens", type=int, help="token budget of one forward pass")
+    add("--num-blocks", type=int, help="number of KV cache blocks")
+    add("--max-memory-percent", type=float,
+        help="share of free memory for the KV cache, in (0, 1]")
+    add("--max-requests-per-batch", type=int, help="cap on requests per step")
+    add("--scheduler", help="fifo or prefill_first")
+    add("--allow-block-sharing", type=_bool, help="prefix caching (true/false)")
+    add("--max-queue-size", type=int, help="max waiting requests (0 = no cap)")
+    add("--cpu-offload-space", type=float,
+        help="GiB of CPU memory for the KV of preempted requests (0 = recompute)")
+    add("--compile-level", type=int,
+        help="torch.compile of decoder layers on GPUs, 0-3 (0 = off)")
+    add("--speculative-config", metavar="JSON",
+        help='speculative decoding, e.g. \'{"method": "ngram", '
+             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+             '"prompt_lookup_min": 2}\'')
     add("--kv-events-config", metavar="JSON",
         help='publish KV cache events for KV-aware routers (vLLM\'s format), e.g. '
              '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
              '"replay_endpoint": "tcp://*:5558"}\'')
-    testing = parser.add_argument_group("testing")
-    testing.add_argument("--enable-fault-injection", type=_bool, metavar="BOOL",
-                         help="add POST /debug/fail-engine (kills the engine thread)")
-    for action in parser._actions:     # each setting's flag names its variable
-        if action.dest in ServerSettings.model_fields and action.help:
-            off = "=0" if action.const is False else ""     # a --no-... flag
-            action.help += f" [env {env_name(action.dest)}{off}]"
-    return parser
 
 
 def parse_settings(argv: list[str] | None = None,

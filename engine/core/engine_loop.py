@@ -34,7 +34,8 @@ from ..step.pooling_step import add_part, embedding_of
 from .requests import RequestState
 from ..step.runner import LaunchedStep
 from .scheduler import ScheduledBatch, ScheduledRequest
-from ..speculative.acceptance import SpeculationCounts, Verdict
+from ..speculative.acceptance import Verdict
+from ..speculative.proposer import SpeculationCounts
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ class EngineLoop:
         self._hard_stop = False
         self.num_steps = 0
         self.num_prefill_tokens = 0
-        self.speculation = SpeculationCounts()
         self.error: BaseException | None = None
         self.kv_event_sink: KVEventSink | None = None
         """Receives each step's KV cache events (kv_cache/kv_events.py); None: none
@@ -145,6 +145,8 @@ class EngineLoop:
 
     def stats(self) -> dict[str, int]:
         graphs = self.runner.decode_graphs
+        proposer = self.scheduler.proposer
+        counts = proposer.counts if proposer is not None else SpeculationCounts()
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": self.num_pending(),
@@ -169,12 +171,12 @@ class EngineLoop:
                                         if self.scheduler.blocks.sliding_allocator else 0),
             "num_cached_blocks": self.allocator.num_cached_blocks,
             "num_evictions": self.allocator.num_evictions,
-            "spec_decode": int(self.scheduler.proposer is not None),
-            "spec_num_drafts": self.speculation.num_drafts,
-            "spec_num_draft_tokens": self.speculation.num_draft_tokens,
-            "spec_num_accepted_tokens": self.speculation.num_accepted_tokens,
+            "spec_decode": int(proposer is not None),
+            "spec_num_drafts": counts.num_drafts,
+            "spec_num_draft_tokens": counts.num_draft_tokens,
+            "spec_num_accepted_tokens": counts.num_accepted_tokens,
             **{f"spec_accepted_at_{position}": count
-               for position, count in enumerate(self.speculation.accepted_per_position)},
+               for position, count in enumerate(counts.accepted_per_position)},
         }
 
     def check_invariants(self) -> None:
@@ -370,10 +372,7 @@ class EngineLoop:
         (as a plain decode would have picked them, one by one, until one finishes the
         request), its computed positions and pages cut back past the rejected ones."""
         request = entry.request
-        self.speculation.count(len(entry.drafts), verdict.accepted)
-        request.num_draft_tokens += len(entry.drafts)
-        request.num_accepted_tokens += verdict.accepted
-        self.scheduler.proposer.verified(request.request_id, len(entry.drafts), verdict.accepted)
+        self.scheduler.proposer.accept(request, len(entry.drafts), verdict.accepted)
         for token in entry.drafts[:verdict.accepted] + (verdict.next_token,):
             request.append_token(token)
             if request.is_finished:

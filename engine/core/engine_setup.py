@@ -22,7 +22,7 @@ from ..model_spec import EngineModelSpec
 from ..kv_cache.sizing import CacheSizing, compute_sizing, offload_num_blocks
 from ..step.runner import ModelRunner
 from .scheduler import Scheduler
-from ..speculative.proposer import NgramProposer, make_proposer
+from ..speculative.choice import choose_proposer, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         offload_allocator=BlockAllocator(num_offload_blocks) if num_offload_blocks else None,
         sliding_allocator=BlockAllocator(sizing.num_sliding_blocks) if pooled else None,
         sliding_window=spec.sliding_window,
-        proposer=_proposer(model, config, spec, sizing, distributed, batching))
+        proposer=choose_proposer(config.speculative_config, model, sizing,
+                                 refusal(distributed, batching, spec.pooled_sliding)))
     compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
                                 decode_plan.tables is not None, distributed)
     runner = ModelRunner(
@@ -89,27 +90,6 @@ def _size_cache(model, spec: EngineModelSpec, config: ContinuousBatchingConfig,
         logit_processing=logit_processing, num_submitted=workload_hints.get("num_requests"),
         num_sliding_layers=sum(spec.layer_is_sliding) if pooled else 0,
         sliding_window=spec.sliding_window if pooled else None, max_context=spec.max_context)
-
-
-def _proposer(model, config: ContinuousBatchingConfig, spec: EngineModelSpec,
-              sizing: CacheSizing, distributed: bool, batching: bool) -> NgramProposer | None:
-    """The drafts' source when speculative decoding is on and can serve; each refusal
-    logged with its reason."""
-    speculative = config.speculative_config
-    if speculative is None:
-        return None
-    reason = ("tensor parallelism" if distributed
-              else "async batching (a step's tokens are fed before they are read back)"
-              if batching else "sliding-window layers" if spec.pooled_sliding else None)
-    if reason is not None:
-        logger.warning("speculative decoding off: %s", reason)
-        return None
-    logger.info("speculative decoding: %s, up to %d drafts a step", speculative.method,
-                speculative.num_speculative_tokens)
-    if speculative.method == "draft_model":
-        from ..speculative.draft_model import load_draft_proposer
-        return load_draft_proposer(speculative, model, sizing)
-    return make_proposer(speculative)
 
 
 def _step_sync(model, config: ContinuousBatchingConfig) -> StepSync | None:

@@ -33,7 +33,7 @@ from ..kv_cache.allocator import BlockAllocator
 from ..kv_cache.block_manager import BlockManager, blocks_needed
 from ..outputs import RequestStatus
 from .requests import RequestState
-from ..speculative.proposer import NgramProposer
+from ..speculative.proposer import Proposer
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Scheduler:
                  max_requests_per_batch: int, safety_margin: float, policy: str = "fifo",
                  offload_allocator: BlockAllocator | None = None,
                  sliding_allocator: BlockAllocator | None = None,
-                 sliding_window: int | None = None, proposer: NgramProposer | None = None
+                 sliding_window: int | None = None, proposer: Proposer | None = None
                  ) -> None:
         """`proposer`: drafts for decoding requests (speculative decoding), or None."""
         if policy not in SCHEDULER_MAPPING:
@@ -119,7 +119,7 @@ class Scheduler:
     def _drop(self, request: RequestState) -> None:
         self.blocks.drop(request)
         if self.proposer is not None:
-            self.proposer.forget(request)
+            self.proposer.release(request)
 
     def settle_verify(self, request: RequestState, computed: int) -> None:
         """After a verify step: `computed` of the request's positions hold K/V of its
@@ -209,7 +209,7 @@ class _StepBuilder:
         sched = self.scheduler
         if sched.proposer is None or remaining != 1 or request.status is not RequestStatus.DECODING:
             return ()
-        drafts = sched.proposer.drafts(request, self.budget - self.reserved - 1,
+        drafts = sched.proposer.propose(request, self.budget - self.reserved - 1,
                                        len(sched.running))
         if drafts and not sched.blocks.grow(request, request.num_tokens + len(drafts)):
             return ()

@@ -13,13 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import AttentionBackend, get_backend
 from ..attention.metadata import AttentionMetadata
-from .executors import LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
 from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
                      rope_parameters)
-from .llama import LlamaFamilyForCausalLM
+from .llama import DecoderLayer, LlamaFamilyForCausalLM
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -81,9 +79,11 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
-class Gemma3DecoderLayer(nn.Module):
+class Gemma3DecoderLayer(DecoderLayer):
+    """Llama's layer dispatch (DecoderLayer.forward) over Gemma's modules."""
+
     def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         eps, offset = config.rms_norm_eps, spec.norm_offset
         self.spec = spec
         self.is_sliding = spec.layer_is_sliding[layer_idx]
@@ -94,20 +94,6 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
-
-    def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None,
-                executors: tuple = ()):
-        """cos, sin: this layer's rotary tables (its group's); `layer_step`, `executors`:
-        as llama.DecoderLayer.forward's."""
-        key_cache = kv_cache.key_caches[self.self_attn.layer_idx]
-        value_cache = kv_cache.value_caches[self.self_attn.layer_idx]
-        if layer_step is not None:
-            return layer_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend)
-        if executors:
-            out = run_layer(executors, LayerStep(hidden, cos, sin, kv_cache, meta, backend))
-            if out is not None:
-                return out
-        return self.torch_step(hidden, cos, sin, key_cache, value_cache, meta, backend)
 
     def torch_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend):
         """The layer through its modules; reads no layer index, so one compiled copy
@@ -145,25 +131,13 @@ class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
         for rotary in self.rotaries.values():
             rotary.reset(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta: AttentionMetadata, backend: AttentionBackend,
-                layer_step=None) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
-        `backend` (the runner's)."""
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        hidden = hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
-        rope = {kind: rotary(positions, hidden.dtype) for kind, rotary in self.rotaries.items()}
-        executors = self.executors
-        if executors.stacks and layer_step is None and backend.name == "torch":
-            out = run_stack(executors, ModelStep(hidden, *rope[FULL], kv_cache, meta,
-                                                 sliding_rope=rope[SLIDING]))
-            if out is not None:
-                return self.norm(out)
-        for i, layer in enumerate(self.layers):
-            cos, sin = rope[SLIDING if layer.is_sliding else FULL]
-            hidden = layer(hidden, cos, sin, kv_cache, meta, backend, layer_step,
-                           executors.of_layer(i))
-        return self.norm(hidden)
+        return hidden * torch.tensor(self.embed_scale).to(hidden.dtype)   # as transformers rounds it
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple:
+        """Full and sliding layers rotate with their own bases."""
+        return (self.rotaries[FULL](positions, dtype), self.rotaries[SLIDING](positions, dtype))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

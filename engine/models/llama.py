@@ -122,6 +122,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
         super().__init__()
         self.spec = spec
+        self.is_sliding = spec.layer_is_sliding[layer_idx]
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, spec, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -227,19 +228,31 @@ class LlamaFamilyForCausalLM(nn.Module):
     def head_dim(self) -> int:
         return self.layers[0].self_attn.head_dim
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> the step's first hidden states [T, hidden]."""
+        return self.embed_tokens(input_ids)
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple:
+        """(cos, sin) of the full-attention layers and of the sliding ones (None: the
+        same tables serve both), each [T, head_dim]."""
+        return self.rotary(positions, dtype), None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata, backend: AttentionBackend,
                 layer_step=None) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
-        `backend` (the runner's). `layer_step`: see DecoderLayer.forward."""
-        hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, hidden.dtype)
+        `backend` (the runner's). `layer_step`: see DecoderLayer.forward. The whole
+        stack's executor runs first where one serves the step, else layer by layer."""
+        hidden = self.embed(input_ids)
+        full, sliding = self.rope_tables(positions, hidden.dtype)
         executors = self.executors
         if executors.stacks and layer_step is None and backend.name == "torch":
-            out = run_stack(executors, ModelStep(hidden, cos, sin, kv_cache, meta))
+            out = run_stack(executors, ModelStep(hidden, *full, kv_cache, meta,
+                                                 sliding_rope=sliding))
             if out is not None:
                 return self.norm(out)
         for i, layer in enumerate(self.layers):
+            cos, sin = sliding if sliding is not None and layer.is_sliding else full
             hidden = layer(hidden, cos, sin, kv_cache, meta, backend, layer_step,
                            executors.of_layer(i))
         return self.norm(hidden)

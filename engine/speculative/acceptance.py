@@ -24,7 +24,7 @@ accepted, so a verify step never yields fewer tokens than a plain decode step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -39,27 +39,6 @@ class Verdict:
     @property
     def tokens_emitted(self) -> int:
         return self.accepted + 1
-
-
-@dataclass
-class SpeculationCounts:
-    """Totals over an engine's verify steps, in vLLM's terms: a draft is one request's
-    proposal in one step, of `num_draft_tokens` tokens, `num_accepted_tokens` kept;
-    `accepted_per_position[i]`: how often the (i + 1)-th drafted token was kept."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def count(self, proposed: int, accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += proposed
-        self.num_accepted_tokens += accepted
-        if len(self.accepted_per_position) < proposed:
-            self.accepted_per_position.extend([0] * (proposed - len(self.accepted_per_position)))
-        for position in range(accepted):
-            self.accepted_per_position[position] += 1
 
 
 def verify_greedy(argmax: list[int], drafts: list[int]) -> Verdict:

@@ -139,11 +139,11 @@ class DraftModelProposer(NgramProposer):
         shadow.block_ids.extend(self.allocator.allocate(missing))
         return True
 
-    def forget(self, request: RequestState) -> None:
+    def release(self, request: RequestState) -> None:
         shadow = self.shadows.pop(request.request_id, None)
         if shadow is not None and shadow.block_ids:
             self.allocator.free(shadow.block_ids)
-        super().forget(request)
+        super().release(request)
 
 
 def load_draft_proposer(config: SpeculativeConfig, target, target_sizing: CacheSizing

@@ -9,7 +9,7 @@ they stay as they were). A grammar's request keeps only the drafts its grammar
 accepts (GrammarMatcher.draftable), and each of its verify rows is masked as that
 position would be when decoded plainly (grammar_masks.py).
 
-Two proposers, one per method (`make_proposer`):
+Two proposers, one per method (choice.py picks):
 - NgramProposer ("ngram"): per request a PromptLookup over its prompt and accepted
   output, fed only the tokens added since the last step, forgotten when it ends.
 - SuffixProposer ("suffix"): the same per request, plus a SuffixCache of the outputs
@@ -32,10 +32,57 @@ in a few steps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Protocol
+
 from ..core.requests import RequestState
 from .config import SpeculativeConfig
 from .prompt_lookup import PromptLookup
 from .suffix_cache import SuffixCache
+
+
+@dataclass
+class SpeculationCounts:
+    """Totals over an engine's verify steps, in vLLM's terms: a draft is one request's
+    proposal in one step, of `num_draft_tokens` tokens, `num_accepted_tokens` kept;
+    `accepted_per_position[i]`: how often the (i + 1)-th drafted token was kept."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def count(self, proposed: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        if len(self.accepted_per_position) < proposed:
+            self.accepted_per_position.extend([0] * (proposed - len(self.accepted_per_position)))
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+
+
+class Proposer(Protocol):
+    """All the scheduler and the engine loop know of a drafts' source (speculative
+    decoding); the sources are this module's and draft_model.py's, chosen by
+    choice.py. Calls come from the engine thread only."""
+
+    counts: SpeculationCounts
+    """What its drafts' verify steps kept, over the engine's life."""
+
+    def prepare(self, requests: list[RequestState], batch_size: int) -> None:
+        """Before a step is built: the decoding requests that may take drafts in it."""
+
+    def propose(self, request: RequestState, budget: int,
+                batch_size: int) -> tuple[int, ...]:
+        """Up to `budget` drafts for a decoding request (none: it decodes plainly)."""
+
+    def accept(self, request: RequestState, proposed: int, accepted: int) -> None:
+        """A verify step kept `accepted` of the request's `proposed` drafts: counted
+        here and on the request."""
+
+    def release(self, request: RequestState) -> None:
+        """The request left the engine (finished, cancelled or failed)."""
 
 
 def speculates(request: RequestState) -> bool:
@@ -52,6 +99,7 @@ class NgramProposer:
         self.lookups: dict[str, PromptLookup] = {}
         self.limits: dict[str, int] = {}
         """request id -> drafts allowed next (after its first verify step)."""
+        self.counts = SpeculationCounts()
 
     def prepare(self, requests: list[RequestState], batch_size: int) -> None:
         """Before a step is built: the decoding requests that may take drafts in it
@@ -71,7 +119,7 @@ class NgramProposer:
             return 0
         return limit
 
-    def drafts(self, request: RequestState, budget: int, batch_size: int) -> tuple[int, ...]:
+    def propose(self, request: RequestState, budget: int, batch_size: int) -> tuple[int, ...]:
         """Up to `budget` drafts for a decoding request (fewer near max_new_tokens;
         none past disable_by_batch_size running requests or for requests that do not
         speculate)."""
@@ -96,13 +144,16 @@ class NgramProposer:
         lookup.extend(request.tokens_between(len(lookup.tokens), request.num_tokens))
         return lookup
 
-    def verified(self, request_id: str, proposed: int, accepted: int) -> None:
-        """The outcome of a verify step: the next one proposes accepted + 1 drafts,
-        or twice as many when all were kept."""
+    def accept(self, request: RequestState, proposed: int, accepted: int) -> None:
+        """The outcome of a verify step, counted; the next one proposes accepted + 1
+        drafts, or twice as many when all were kept."""
+        self.counts.count(proposed, accepted)
+        request.num_draft_tokens += proposed
+        request.num_accepted_tokens += accepted
         grown = accepted + 1 if accepted < proposed else 2 * proposed
-        self.limits[request_id] = max(1, min(self.config.num_speculative_tokens, grown))
+        self.limits[request.request_id] = max(1, min(self.config.num_speculative_tokens, grown))
 
-    def forget(self, request: RequestState) -> None:
+    def release(self, request: RequestState) -> None:
         """The request left the engine (finished, cancelled or failed)."""
         self.lookups.pop(request.request_id, None)
         self.limits.pop(request.request_id, None)
@@ -121,13 +172,9 @@ class SuffixProposer(NgramProposer):
         shared_n, shared = self.cache.propose(lookup.tokens, limit)
         return shared if (shared_n, len(shared)) > (own_n, len(own)) else own
 
-    def forget(self, request: RequestState) -> None:
+    def release(self, request: RequestState) -> None:
         """Its output (every token it accepted) joins the shared cache."""
         if request.generated_tokens:
             self.cache.add(request.generated_tokens)
-        super().forget(request)
+        super().release(request)
 
-
-def make_proposer(config: SpeculativeConfig) -> NgramProposer:
-    """The proposer of a model-free method ("draft_model": draft_model.py)."""
-    return SuffixProposer(config) if config.method == "suffix" else NgramProposer(config)

@@ -12,7 +12,7 @@ built over the requests' sliding-group blocks, with the window applied.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -65,31 +65,7 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
     (FlashMetadata) and none of the torch backend's slots and masks.
     `decode_tables`: the decode fast path is on; decode-only steps it accepts get
     fixed-width tables (decode_tables.py), whatever the backend."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    logits_rows: list[int] = []
-    sampling_entries: list[int] = []
-    verify_rows: list[int] = []
-    verify_entries: list[int] = []
-    pooling_entries: list[tuple[int, int]] = []
-    for index, entry in enumerate(batch.entries):
-        row = len(input_ids)
-        if entry.request.pooling is not None:
-            input_ids.extend(entry.request.tokens_between(entry.start, entry.end))
-            pooling_entries.append((index, row))
-        elif entry.drafts:                 # the last token, then the proposed ones
-            input_ids.extend(entry.request.tokens_between(entry.start, entry.start + 1))
-            input_ids.extend(entry.drafts)
-            verify_rows.extend(range(row, row + entry.num_tokens))
-            verify_entries.append(index)
-        else:
-            tokens = entry.request.tokens_between(entry.start, entry.end)
-            # a lookahead row's token is still on the device (async batching): placeholder
-            input_ids.extend(tokens + [0] * (entry.num_tokens - len(tokens)))
-            if entry.samples:
-                logits_rows.append(row + entry.num_tokens - 1)
-                sampling_entries.append(index)
-        positions.extend(range(entry.start, entry.end))
+    rows = _flat_rows(batch)
 
     def group(window: int | None, blocks_of, queries: bool) -> AttentionMetadata:
         width = _fast_path_width(batch, blocks_of, decode_tables, page_size)
@@ -107,13 +83,52 @@ def build_step_inputs(batch: ScheduledBatch, page_size: int, device: torch.devic
                         step_queries)
         meta = replace(meta or sliding, sliding=sliding)
     return StepInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        input_ids=torch.tensor(rows.input_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(rows.positions, dtype=torch.long, device=device),
         meta=meta,
-        logits_rows=torch.tensor(logits_rows + verify_rows, dtype=torch.long, device=device),
-        sampling_entries=sampling_entries, verify_entries=verify_entries,
-        pooling_entries=pooling_entries,
+        logits_rows=torch.tensor(rows.logits_rows + rows.verify_rows, dtype=torch.long,
+                                 device=device),
+        sampling_entries=rows.sampling_entries, verify_entries=rows.verify_entries,
+        pooling_entries=rows.pooling_entries,
     )
+
+
+@dataclass
+class _FlatRows:
+    """The step's tokens flattened, one row each, and which rows give logits: sampled
+    rows (`logits_rows`, their entries in `sampling_entries`), every row of a verified
+    draft (`verify_rows`), and where each pooled request's rows start."""
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    logits_rows: list[int] = field(default_factory=list)
+    sampling_entries: list[int] = field(default_factory=list)
+    verify_rows: list[int] = field(default_factory=list)
+    verify_entries: list[int] = field(default_factory=list)
+    pooling_entries: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _flat_rows(batch: ScheduledBatch) -> _FlatRows:
+    flat = _FlatRows()
+    input_ids = flat.input_ids
+    for index, entry in enumerate(batch.entries):
+        row = len(input_ids)
+        if entry.request.pooling is not None:
+            input_ids.extend(entry.request.tokens_between(entry.start, entry.end))
+            flat.pooling_entries.append((index, row))
+        elif entry.drafts:                 # the last token, then the proposed ones
+            input_ids.extend(entry.request.tokens_between(entry.start, entry.start + 1))
+            input_ids.extend(entry.drafts)
+            flat.verify_rows.extend(range(row, row + entry.num_tokens))
+            flat.verify_entries.append(index)
+        else:
+            tokens = entry.request.tokens_between(entry.start, entry.end)
+            # a lookahead row's token is still on the device (async batching): placeholder
+            input_ids.extend(tokens + [0] * (entry.num_tokens - len(tokens)))
+            if entry.samples:
+                flat.logits_rows.append(row + entry.num_tokens - 1)
+                flat.sampling_entries.append(index)
+        flat.positions.extend(range(entry.start, entry.end))
+    return flat
 
 
 def _core(batch: ScheduledBatch, page_size: int, device: torch.device,

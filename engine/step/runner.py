@@ -58,31 +58,12 @@ class ModelRunner:
         self.sliding_pool = bool(sizing.num_sliding_blocks)
         self.has_full_layers = spec.has_full_layers
         scratch_blocks = 1 if decode_graphs and decode_tables else 0   # graphs' padding page
-        layer_num_blocks = [sizing.num_sliding_blocks if self.sliding_pool and sliding
-                            else sizing.num_blocks + scratch_blocks
-                            for sliding in spec.layer_is_sliding]
-        self.cache = PagedKVCache(
-            num_layers=spec.num_layers, num_blocks=sizing.num_blocks + scratch_blocks,
-            page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim, dtype=self.kv_dtype, device=self.device,
-            layer_num_blocks=layer_num_blocks)
-        self.offload_cache = None
-        if num_offload_blocks:
-            self.offload_cache = PagedKVCache(
-                num_layers=spec.num_layers, num_blocks=num_offload_blocks,
-                page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
-                head_dim=spec.head_dim, dtype=self.kv_dtype, device=torch.device("cpu"),
-                pin_memory=self.device.type == "cuda")
+        self.cache, self.offload_cache = _paged_caches(spec, sizing, self.kv_dtype, self.device,
+                                                       scratch_blocks, num_offload_blocks)
         self.sampler = Sampler(self.device, seed)
         self.grammar_masks = GrammarMasks(self.device)
         self.max_threads = DEFAULT_THREADS
-        self.small_step_tokens = SMALL_STEP_TOKENS
-        kernel_rows = [m.max_rows for m in model.layers.modules() if isinstance(m, BlockLinear)]
-        if kernel_rows:
-            # steps on the block kernels leave the other cores to the kernel's helpers;
-            # larger ones run the packed dense matmuls, on every thread (bf16-weights'
-            # 6-8 row steps already gain from the second one)
-            self.small_step_tokens = min(max(kernel_rows), PANEL_KERNEL_ROWS)
+        self.small_step_tokens = _small_step_tokens(model)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
         self.step_queries = (self.native_kernels is not None
                              and self.native_kernels.vector_attention(spec.head_dim))
@@ -266,3 +247,36 @@ class LaunchedStep:
 
 def _sliding_blocks(request: RequestState) -> list[int | None]:
     return request.sliding_block_ids
+
+
+def _paged_caches(spec, sizing: CacheSizing, kv_dtype: torch.dtype, device: torch.device,
+                  scratch_blocks: int, num_offload_blocks: int):
+    """The step's KV cache (sliding layers in their own smaller pool where the sizing
+    gives one; `scratch_blocks` for the graphs' padding page) and the host pool that
+    offloaded blocks go to (None without offloading)."""
+    sliding_pool = bool(sizing.num_sliding_blocks)
+    layer_num_blocks = [sizing.num_sliding_blocks if sliding_pool and sliding
+                        else sizing.num_blocks + scratch_blocks
+                        for sliding in spec.layer_is_sliding]
+    cache = PagedKVCache(
+        num_layers=spec.num_layers, num_blocks=sizing.num_blocks + scratch_blocks,
+        page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, dtype=kv_dtype, device=device,
+        layer_num_blocks=layer_num_blocks)
+    offload_cache = None
+    if num_offload_blocks:
+        offload_cache = PagedKVCache(
+            num_layers=spec.num_layers, num_blocks=num_offload_blocks,
+            page_size=sizing.page_size, num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, dtype=kv_dtype, device=torch.device("cpu"),
+            pin_memory=device.type == "cuda")
+    return cache, offload_cache
+
+
+def _small_step_tokens(model: torch.nn.Module) -> int:
+    """Steps up to this many tokens run on one intra-op thread. On the block kernels
+    they leave the other cores to the kernel's helpers; larger ones run the packed
+    dense matmuls on every thread (bf16-weights' 6-8 row steps already gain from the
+    second one)."""
+    kernel_rows = [m.max_rows for m in model.layers.modules() if isinstance(m, BlockLinear)]
+    return min(max(kernel_rows), PANEL_KERNEL_ROWS) if kernel_rows else SMALL_STEP_TOKENS

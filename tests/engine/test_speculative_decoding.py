@@ -228,7 +228,7 @@ def test_the_samplers_verdicts_keep_the_processed_distribution():
 
 def test_sliding_models_decode_plainly_and_say_why(tiny_mistral, caplog):
     model, _ = tiny_mistral
-    with caplog.at_level(logging.WARNING, logger="engine.core.engine_setup"):
+    with caplog.at_level(logging.WARNING, logger="engine.speculative.choice"):
         _, stats = generate_and_inspect(model, looping_prompts(2, seed=30), 8,
                                         speculative_config=NGRAM)
     assert stats["spec_decode"] == 0
