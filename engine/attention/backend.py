@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, MetadataBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,11 @@ class AttentionBackend(Protocol):
     def decode_fast_path_on(self, device: torch.device) -> bool:
         """Whether decode-only steps over fixed-width block tables (the decode fast
         path, and so CUDA graphs) serve on `device`."""
+        ...
+
+    def metadata_builder(self, page_size: int, step_queries: bool = False) -> MetadataBuilder:
+        """The builder of its steps' metadata (metadata.py); `step_queries`: the native
+        CPU kernel serves the model's head size."""
         ...
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -25,12 +25,14 @@ code where flash-attn cannot run (the CPU tests do).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .metadata import AttentionMetadata, FixedTableMetadata, FlashMetadata
+from .metadata import (AttentionMetadata, BlocksOf, FixedTableMetadata, FlashMetadata,
+                       ScheduledStep, block_table, common_fields)
 
 PAGE_MULTIPLE = 256
 """flash-attn's paged kernels read pages of a multiple of this many tokens."""
@@ -101,6 +103,12 @@ class FlashPagedAttention:
         """flash_attn_with_kvcache serves decode-only steps wherever this backend runs."""
         return True
 
+    @staticmethod
+    def metadata_builder(page_size: int, step_queries: bool = False) -> "FlashMetadataBuilder":
+        """Its varlen steps read block tables (FlashMetadata); the native CPU kernel's
+        per-row queries are not for it."""
+        return FlashMetadataBuilder(page_size)
+
     def __init__(self, functions: FlashFunctions | None = None) -> None:
         functions = functions or load_flash_functions()
         if functions is None:
@@ -136,3 +144,20 @@ class FlashPagedAttention:
             meta.max_seqlen_q, meta.max_seqlen_k, softmax_scale=scale, causal=True,
             window_size=window, block_table=meta.block_table)        # [T, H, D]
         return out.to(query.dtype)
+
+
+@dataclass(frozen=True)
+class FlashMetadataBuilder:
+    """A varlen step of a backend that pages through block tables: the tables padded
+    to the widest request, and the cumulative context lengths."""
+    page_size: int
+
+    def build(self, batch: ScheduledStep, window: int | None, blocks_of: BlocksOf,
+              device: torch.device) -> FlashMetadata:
+        lengths = [e.end for e in batch.entries]
+        return FlashMetadata(
+            **common_fields(batch, self.page_size, device, window, blocks_of),
+            block_table=block_table(batch, blocks_of, None, device),
+            cu_seqlens_k=torch.tensor(list(itertools.accumulate(lengths, initial=0)),
+                                      dtype=torch.int32, device=device),
+            max_seqlen_q=max(e.num_tokens for e in batch.entries), max_seqlen_k=max(lengths))

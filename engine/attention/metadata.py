@@ -1,6 +1,7 @@
 """What every attention layer needs to know about one step's flat batch, built once per
-step (not per layer) by `engine.step.batch.build_step_inputs`: one type per way of reading
-the pages, each with only its own fields.
+step (not per layer), by the builder of the runner's backend (`MetadataBuilder`:
+torch_metadata.py, flash_backend.py) or of the decode fast path (step/batch.py): one
+type per way of reading the pages, each with only its own fields.
 
     AttentionMetadata      the fields every backend reads (base of the three below)
     TorchMetadata          the torch backend's varlen steps: the contexts' slots and
@@ -14,7 +15,8 @@ the pages, each with only its own fields.
                            (fixed_table_decode.py, cuda_graphs.py)
 
 Which one a step gets is decided per step by its shape and the runner's backend
-(batch.py); a backend takes the types it serves and refuses the others by name.
+(its builder, chosen once per runner); a backend takes the types it serves and
+refuses the others by name.
 
 The batch is "varlen": the tokens of all scheduled requests are concatenated into one
 sequence of T tokens. Request r owns rows `cu_seqlens_q[r]:cu_seqlens_q[r+1]`.
@@ -27,8 +29,9 @@ goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import torch
 
@@ -131,3 +134,65 @@ class FlashMetadata(AttentionMetadata):
     """Longest query run of the step."""
     max_seqlen_k: int
     """Longest context after the step."""
+
+
+class ScheduledEntry(Protocol):
+    """One request's part of a step, as the scheduler plans it (core/scheduler.py's
+    ScheduledRequest): positions start..end-1, `num_tokens` rows, and a verify
+    entry's drafts."""
+    request: Any
+    start: int
+    num_tokens: int
+    drafts: tuple[int, ...]
+
+    @property
+    def end(self) -> int: ...
+
+
+class ScheduledStep(Protocol):
+    """A step's entries in batch order (core/scheduler.py's ScheduledBatch)."""
+    entries: Sequence[ScheduledEntry]
+
+
+BlocksOf = Callable[[Any], list]
+"""A request -> the block ids of one attention group (its full or its sliding
+blocks; a released sliding block is None)."""
+
+
+class MetadataBuilder(Protocol):
+    """Builds one attention group's metadata for a step: the group's layers share a
+    block table (`blocks_of`) and a window. Each backend has its own
+    (AttentionBackend.metadata_builder); chosen once per runner."""
+
+    def build(self, batch: ScheduledStep, window: int | None, blocks_of: BlocksOf,
+              device: torch.device) -> AttentionMetadata: ...
+
+
+def cache_slots(block_ids: list[int], page_size: int, start: int, end: int) -> list[int]:
+    """Cache slots of positions start..end-1 of a request holding `block_ids`."""
+    return [block_ids[p // page_size] * page_size + p % page_size for p in range(start, end)]
+
+
+def common_fields(batch: ScheduledStep, page_size: int, device: torch.device,
+                  window: int | None, blocks_of: BlocksOf) -> dict:
+    """The fields every metadata type has (AttentionMetadata), as keywords."""
+    slot_mapping: list[int] = []
+    for entry in batch.entries:
+        slot_mapping.extend(cache_slots(blocks_of(entry.request), page_size, entry.start,
+                                        entry.end))
+    cu_seqlens_q = list(itertools.accumulate((e.num_tokens for e in batch.entries), initial=0))
+    return dict(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+                cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),
+                seq_lens_k=torch.tensor([e.end for e in batch.entries], dtype=torch.int32,
+                                        device=device),
+                page_size=page_size, window=window)
+
+
+def block_table(batch: ScheduledStep, blocks_of: BlocksOf, width: int | None,
+                device: torch.device) -> torch.Tensor:
+    """[R, W] int32: each request's blocks, padded with block 0 to `width` (None: the
+    widest request's); released sliding blocks (None) are 0 too."""
+    tables = [[b if b is not None else 0 for b in blocks_of(e.request)] for e in batch.entries]
+    width = width or max(len(table) for table in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                        device=device)

@@ -11,7 +11,7 @@ STEP_QUERY_MAX_PAIRS; docs/benchmarks.md, Long prompts and Accuracy of the fast
 modes).
 
 Chunks short enough for the per-row queries of paged_attention.c never get here
-(batch.STEP_QUERY_MAX_PAIRS); fp32 caches (the exact-parity mode) keep SDPA.
+(torch_metadata.STEP_QUERY_MAX_PAIRS); fp32 caches (the exact-parity mode) keep SDPA.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from .fixed_table_decode import attention_dtype, fixed_table_decode, table_gather
 from .metadata import AttentionMetadata, FixedTableMetadata, TorchMetadata
 from .native_prefill import attend_chunk, prefill_kernels
+from .torch_metadata import TorchMetadataBuilder
 
 FUSED_DECODE_MAX_BATCH = 4
 """Decode batches up to this size take one SDPA call; larger ones the per-KV-head
@@ -49,6 +50,12 @@ class TorchPagedAttention:
         """Accelerators take decode steps over fixed-width tables (fixed_table_decode.py),
         which CUDA graphs can replay; the CPU keeps its native kernel's decode."""
         return device.type != "cpu"
+
+    @staticmethod
+    def metadata_builder(page_size: int, step_queries: bool = False) -> TorchMetadataBuilder:
+        """Its varlen steps read TorchMetadata; `step_queries`: the native kernel serves
+        the head size (torch_metadata.py)."""
+        return TorchMetadataBuilder(page_size, step_queries)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -32,7 +32,7 @@ Per step it applies when the loop would take the native paths throughout: rows p
 the block kernels', fp32 hidden states, the cache layout packed_layer.step_fits
 accepts, and the native attention's contexts for every group (decode-only steps: one
 row per request; steps with prefill chunks: a row per query, for chunks short enough,
-batch.STEP_QUERY_MAX_PAIRS, each over its window's part of the context in sliding
+attention/torch_metadata.STEP_QUERY_MAX_PAIRS, each over its window's part of the context in sliding
 layers). Otherwise it returns None and the layer loop runs.
 """
 

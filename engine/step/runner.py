@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .batch import StepInputs, build_step_inputs
+from .batch import AttentionGroups, FastPathBuilder, StepInputs, build_step_inputs
 from .compile_paths import CompilePlan, compiled_steps
 from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
@@ -54,9 +54,9 @@ class ModelRunner:
         self.page_size = sizing.page_size
         spec = model.engine_spec()
         self.kv_dtype = spec.kv_dtype(self.device, self.dtype)
-        self.sliding_window = spec.sliding_window
-        self.sliding_pool = bool(sizing.num_sliding_blocks)
-        self.has_full_layers = spec.has_full_layers
+        sliding_pool = bool(sizing.num_sliding_blocks)
+        self.groups = AttentionGroups(spec.has_full_layers, spec.sliding_window,
+                                      _sliding_blocks if sliding_pool else None)
         scratch_blocks = 1 if decode_graphs and decode_tables else 0   # graphs' padding page
         self.cache, self.offload_cache = _paged_caches(spec, sizing, self.kv_dtype, self.device,
                                                        scratch_blocks, num_offload_blocks)
@@ -65,11 +65,15 @@ class ModelRunner:
         self.max_threads = DEFAULT_THREADS
         self.small_step_tokens = _small_step_tokens(model)
         self.native_kernels = load_native_kernels() if self.device.type == "cpu" else None
-        self.step_queries = (self.native_kernels is not None
-                             and self.native_kernels.vector_attention(spec.head_dim))
-        """Short prefill chunks run as per-row queries of the native attention kernel
-        (batch.STEP_QUERY_MAX_PAIRS); only where its vector path serves the head size."""
-        self.decode_tables = decode_tables
+        # short prefill chunks run as per-row queries of the native attention kernel
+        # (attention/torch_metadata.py) only where its vector path serves the head size
+        step_queries = (self.native_kernels is not None
+                        and self.native_kernels.vector_attention(spec.head_dim))
+        builder = self.backend.metadata_builder(sizing.page_size, step_queries)
+        self.metadata_builder = builder if decode_tables is None else FastPathBuilder(
+            builder, decode_tables, sizing.page_size)
+        """Each step's attention metadata: the backend's builder, under the decode fast
+        path's when it is on."""
         self.varlen_step, self.decode_step = compiled_steps(compile_plan or CompilePlan())
         self.num_compiled_steps = 0
         """Steps whose layers ran compiled code (graph replays not counted)."""
@@ -205,11 +209,7 @@ class ModelRunner:
     def _inputs(self, batch: ScheduledBatch, device: torch.device | None = None) -> StepInputs:
         if device is None:
             device = self.device if self.step_sync is None else torch.device("cpu")
-        paged_tables = self.backend.needs_block_tables
-        return build_step_inputs(batch, self.page_size, device, self.sliding_window,
-                                 _sliding_blocks if self.sliding_pool else None,
-                                 self.has_full_layers, self.step_queries and not paged_tables,
-                                 paged_tables, self.decode_tables)
+        return build_step_inputs(batch, device, self.metadata_builder, self.groups)
 
     @torch.inference_mode()
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,9 @@ import torch
 from engine.attention.backend import get_backend, switch_to_cb_friendly_attn
 from engine.attention.flash_backend import FlashPagedAttention, flash_unsupported_reason
 from engine.attention.metadata import FixedTableMetadata, FlashMetadata, TorchMetadata
-from engine.step.batch import build_step_inputs
+from engine.attention.flash_backend import FlashMetadataBuilder
+from engine.attention.torch_metadata import TorchMetadataBuilder
+from engine.step.batch import AttentionGroups, FastPathBuilder, build_step_inputs
 from engine.step.decode_tables import DecodeTables
 from engine.generation_config import SamplingParams
 from engine.core.requests import RequestState
@@ -87,34 +89,35 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     cpu = torch.device("cpu")
     decodes = ScheduledBatch([ScheduledRequest(_request("a", [7, 2], 300), 299, 1, True),
                               ScheduledRequest(_request("b", [4], 10), 9, 1, True)], [])
-    meta = build_step_inputs(decodes, PAGE, cpu, paged_tables=True).meta
+    flash, varlen = FlashMetadataBuilder(PAGE), TorchMetadataBuilder(PAGE)
+    fast_path = lambda builder, tables: FastPathBuilder(builder, tables, PAGE)  # noqa: E731
+    meta = build_step_inputs(decodes, cpu, flash).meta
     assert meta.block_table.tolist() == [[7, 2], [4, 0]]
     assert meta.block_table.dtype == meta.cu_seqlens_k.dtype == torch.int32
     assert meta.cu_seqlens_k.tolist() == [0, 300, 310]
     assert (meta.max_seqlen_q, meta.max_seqlen_k, meta.decode_fast_path) == (1, 300, False)
     assert isinstance(meta, FlashMetadata)           # the torch backend's gathers: not built
-    fast = build_step_inputs(decodes, PAGE, cpu, paged_tables=True,
-                             decode_tables=DecodeTables(4)).meta
+    fast = build_step_inputs(decodes, cpu, fast_path(flash, DecodeTables(4))).meta
     assert fast.decode_fast_path and fast.block_table.tolist() == [[7, 2, 0, 0], [4, 0, 0, 0]]
-    too_narrow = build_step_inputs(decodes, PAGE, cpu, paged_tables=True,
-                                   decode_tables=DecodeTables(1))
+    too_narrow = build_step_inputs(decodes, cpu, fast_path(flash, DecodeTables(1)))
     assert not too_narrow.meta.decode_fast_path
-    rounded = build_step_inputs(decodes, PAGE, cpu, decode_tables=DecodeTables(8, round_up=True))
+    rounded = build_step_inputs(decodes, cpu,
+                                fast_path(varlen, DecodeTables(8, round_up=True)))
     assert rounded.meta.block_table.tolist() == [[7, 2], [4, 0]]      # 2 blocks: width 2
     assert isinstance(rounded.meta, FixedTableMetadata) and rounded.meta.decode_fast_path
     capped = DecodeTables(8, round_up=True, max_keys=2 * 2 * PAGE - 1)
-    assert not build_step_inputs(decodes, PAGE, cpu, decode_tables=capped).meta.decode_fast_path
+    assert not build_step_inputs(decodes, cpu, fast_path(varlen, capped)).meta.decode_fast_path
     chunk = _request("c", [3, 5, 9], 600)
     chunk.sliding_block_ids = [None, 5, 9]               # block 3 fell out of the window
     mixed = ScheduledBatch([ScheduledRequest(chunk, 520, 16, True), decodes.entries[1]], [])
-    meta = build_step_inputs(mixed, PAGE, cpu, sliding_window=7,
-                             sliding_blocks=lambda r: r.sliding_block_ids or r.block_ids,
-                             paged_tables=True, decode_tables=DecodeTables(4)).meta
+    groups = AttentionGroups(sliding_window=7,
+                             sliding_blocks=lambda r: r.sliding_block_ids or r.block_ids)
+    meta = build_step_inputs(mixed, cpu, fast_path(flash, DecodeTables(4)), groups).meta
     assert not meta.decode_fast_path                     # a prefill chunk: varlen
     assert meta.block_table.tolist() == [[3, 5, 9], [4, 0, 0]]
     assert (meta.max_seqlen_q, meta.max_seqlen_k) == (16, 536)
     assert meta.sliding.block_table.tolist() == [[0, 5, 9], [4, 0, 0]]   # released -> 0
-    assert isinstance(build_step_inputs(decodes, PAGE, cpu).meta, TorchMetadata)
+    assert isinstance(build_step_inputs(decodes, cpu, varlen).meta, TorchMetadata)
 
 
 @pytest.mark.parametrize("window", [None, 40])
@@ -132,12 +135,14 @@ def test_one_layer_equals_the_torch_backend(window, decode_only):
     def group(inputs):
         return inputs.meta if window is None else inputs.meta.sliding
 
-    options = dict(sliding_window=window, full_layers=window is None)
-    inputs = build_step_inputs(batch, PAGE, cpu, paged_tables=True,
-                               decode_tables=DecodeTables(3), **options)
+    groups = AttentionGroups(full_layers=window is None, sliding_window=window)
+    inputs = build_step_inputs(batch, cpu,
+                               FastPathBuilder(FlashMetadataBuilder(PAGE), DecodeTables(3), PAGE),
+                               groups)
     meta = group(inputs)
     assert meta.decode_fast_path == decode_only
-    torch_meta = group(build_step_inputs(batch, PAGE, cpu, **options))   # its own gathers
+    torch_meta = group(build_step_inputs(batch, cpu, TorchMetadataBuilder(PAGE),
+                                         groups))   # its own gathers
     rows = inputs.input_ids.numel()
     query = torch.randn(rows, 6, 16, generator=generator)
     key, value = torch.randn(2, rows, 2, 16, generator=generator)
@@ -170,7 +175,8 @@ def test_flash_backend_refuses_steps_without_block_tables(tiny_llama):
     model, _ = tiny_llama
     backend = FlashPagedAttention(CountingFunctions().functions())
     meta = build_step_inputs(ScheduledBatch([ScheduledRequest(_request("a", [1], 3), 0, 3, True)],
-                                            []), PAGE, torch.device("cpu")).meta
+                                            []), torch.device("cpu"),
+                             TorchMetadataBuilder(PAGE)).meta
     q = torch.zeros(3, 6, 10)
     cache = torch.zeros(2, PAGE, 2, 10)
     with pytest.raises(TypeError, match="reads block tables .* got TorchMetadata"):

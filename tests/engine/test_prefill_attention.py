@@ -9,7 +9,8 @@ import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.attention.torch_backend import TorchPagedAttention
-from engine.step.batch import STEP_QUERY_MAX_PAIRS, build_step_inputs
+from engine.attention.torch_metadata import STEP_QUERY_MAX_PAIRS, TorchMetadataBuilder
+from engine.step.batch import AttentionGroups, build_step_inputs
 from engine.generation_config import SamplingParams
 from engine.kernels import load_native_kernels
 from engine.core.requests import RequestState
@@ -59,17 +60,21 @@ def _batch(lengths: list[int]) -> ScheduledBatch:
     return ScheduledBatch(entries, [])
 
 
+QUERIES_16 = TorchMetadataBuilder(16, step_queries=True)
+
+
 def test_long_chunks_keep_sdpa_and_short_ones_share_one_call():
     cpu = torch.device("cpu")
-    short = build_step_inputs(_batch([20, 7, 33]), 16, cpu, step_queries=True).meta
+    short = build_step_inputs(_batch([20, 7, 33]), cpu, QUERIES_16).meta
     assert short.step_slot_rows.tolist() == [0] * 20 + [1] * 7 + [2] * 33
     assert short.step_lengths.tolist() == (list(range(1, 21)) + list(range(1, 8))
                                            + list(range(1, 34)))
     assert short.step_kv_slots.shape == (3, 33)
     long_prompt = int((2 * STEP_QUERY_MAX_PAIRS) ** 0.5) + 1       # its pairs pass the bound
-    assert build_step_inputs(_batch([long_prompt]), 16, cpu,
-                             step_queries=True).meta.step_kv_slots is None
-    assert build_step_inputs(_batch([20]), 16, cpu).meta.step_kv_slots is None
+    assert build_step_inputs(_batch([long_prompt]), cpu,
+                             QUERIES_16).meta.step_kv_slots is None
+    assert build_step_inputs(_batch([20]), cpu,
+                             TorchMetadataBuilder(16)).meta.step_kv_slots is None
 
 
 def test_sliding_window_rows_read_their_windows_part():
@@ -83,7 +88,8 @@ def test_sliding_window_rows_read_their_windows_part():
     chunk.block_ids, decode.block_ids = [3, 9, 4, 6], [7, 8]
     batch = ScheduledBatch([ScheduledRequest(chunk, 10, 3, True),
                             ScheduledRequest(decode, 5, 1, True)], [])
-    meta = build_step_inputs(batch, 4, cpu, sliding_window=4, step_queries=True).meta
+    queries = TorchMetadataBuilder(4, step_queries=True)
+    meta = build_step_inputs(batch, cpu, queries, AttentionGroups(sliding_window=4)).meta
     window = meta.sliding
     slot = lambda blocks, p: blocks[p // 4] * 4 + p % 4          # noqa: E731
     assert window.step_kv_slots[0].tolist() == [slot(chunk.block_ids, p) for p in range(7, 13)]
@@ -93,6 +99,7 @@ def test_sliding_window_rows_read_their_windows_part():
     assert window.step_starts.tolist() == [0, 1, 2, 0]
     assert window.step_lengths.tolist() == [4, 4, 4, 4]
     assert meta.step_starts is None and meta.step_lengths.tolist() == [11, 12, 13, 6]
-    wide = build_step_inputs(batch, 4, cpu, sliding_window=64, step_queries=True).meta.sliding
+    wide = build_step_inputs(batch, cpu, queries,
+                             AttentionGroups(sliding_window=64)).meta.sliding
     assert wide.step_starts.tolist() == [0, 0, 0, 0]      # a window past every position
     assert wide.step_lengths.tolist() == [11, 12, 13, 6]

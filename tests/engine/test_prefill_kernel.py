@@ -66,7 +66,7 @@ def _case(n, start, heads, kv_heads, dim, window):
     # queries as the layer hands them over: the q part of fused qkv rows (strided)
     qkv = 3 * torch.randn(n + 3, (heads + 2 * kv_heads) * dim, generator=generator)
     query = qkv[:, :heads * dim].view(n + 3, heads, dim)
-    own_slots = start == 0 and (not window or n <= window)     # as batch._prefill_slice
+    own_slots = start == 0 and (not window or n <= window)     # as torch_metadata._prefill_slice
     chunk = PrefillSlice(2, 2 + n, start, None if own_slots else slots, None)
     step_slots = torch.cat([torch.tensor([0, 1]), slots, torch.tensor([2, 3, 4])]) \
         if own_slots else torch.zeros(n + 5, dtype=torch.long)
@@ -144,7 +144,7 @@ def _save(path, family: str):
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     if family == "mistral":
         # a window wide enough that the test's chunks pass the per-row queries' bound
-        # (batch.STEP_QUERY_MAX_PAIRS counts a windowed row's keys up to the window)
+        # (torch_metadata.STEP_QUERY_MAX_PAIRS counts a windowed row's keys up to the window)
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=300))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
