@@ -79,33 +79,60 @@ typedef struct {
     int32_t *code_sums16;
 } QuantizedRows;
 
-static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows *out) {
-    const int64_t blocks = k / BLOCK;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < blocks; b++) {
-            const float *xb = x + r * k + b * BLOCK;
-            /* No libm calls per value (fmaxf and lrintf are calls unless errno is
-             * given up): a compare and rintf, which compile to vector max and
-             * round instructions, round as lrintf does (the current mode, to even). */
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) {
-                const float a = fabsf(xb[i]);
-                amax = a > amax ? a : amax;
-            }
-            const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t *codes = out->codes + r * k + b * BLOCK;
-            int sums[2] = {0, 0};
-            for (int i = 0; i < BLOCK; i++) {
-                codes[i] = (int8_t)(int)rintf(xb[i] * inverse);
-                sums[i / 16] += codes[i];
-            }
-            out->scales[r * blocks + b] = scale;
-            out->sums16[r * 2 * blocks + 2 * b] = scale * (float)sums[0];
-            out->sums16[r * 2 * blocks + 2 * b + 1] = scale * (float)sums[1];
-            out->sums32[r * blocks + b] = scale * (float)(sums[0] + sums[1]);
-            out->code_sums16[r * 2 * blocks + 2 * b] = sums[0];
-            out->code_sums16[r * 2 * blocks + 2 * b + 1] = sums[1];
-        }
+/* Block i (row i / blocks, block i % blocks) of x quantized into `out`. No libm call
+ * per value (fmaxf and lrintf are calls unless errno is given up): |x|'s bits compared
+ * as integers (non-negative floats order as their bits) and rintf, which compile to
+ * vector max and round instructions, so each loop runs on whole vectors; rintf rounds
+ * as lrintf does (the current mode, to even). */
+static inline void quantize_block(const float *x, int64_t k, int64_t i, QuantizedRows *out) {
+    const int64_t blocks = k / BLOCK, r = i / blocks, b = i % blocks;
+    const float *xb = x + r * k + b * BLOCK;
+    uint32_t bits[BLOCK], largest = 0;
+    memcpy(bits, xb, sizeof(bits));
+    for (int j = 0; j < BLOCK; j++) {
+        const uint32_t magnitude = bits[j] & 0x7FFFFFFFu;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    float amax;
+    memcpy(&amax, &largest, sizeof(amax));
+    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int8_t *codes = out->codes + r * k + b * BLOCK;
+    for (int j = 0; j < BLOCK; j++) codes[j] = (int8_t)(int32_t)rintf(xb[j] * inverse);
+    int sums[2] = {0, 0};
+    for (int half = 0; half < 2; half++)
+        for (int j = 0; j < 16; j++) sums[half] += codes[16 * half + j];
+    out->scales[i] = scale;
+    out->sums16[2 * i] = scale * (float)sums[0];
+    out->sums16[2 * i + 1] = scale * (float)sums[1];
+    out->sums32[i] = scale * (float)(sums[0] + sums[1]);
+    out->code_sums16[2 * i] = sums[0];
+    out->code_sums16[2 * i + 1] = sums[1];
+}
+
+typedef struct {
+    const float *x;
+    int64_t rows, k;
+    QuantizedRows *out;
+} QuantizeJob;
+
+static void quantize_part(const void *arg, int part, int parts) {
+    const QuantizeJob *job = arg;
+    const int64_t total = job->rows * (job->k / BLOCK);
+    for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++)
+        quantize_block(job->x, job->k, i, job->out);
+}
+
+/* Blocks of x from which the quantization is split over the threads: a prefill
+ * chunk's x, not a decode step's (docs/cpu-kernels.md, "Activation quantization"). */
+#define PARALLEL_QUANTIZE_BLOCKS 1024
+
+static void quantize_rows(const float *x, int64_t rows, int64_t k, QuantizedRows *out,
+                          int num_threads) {
+    const QuantizeJob job = {x, rows, k, out};
+    if (rows * (k / BLOCK) >= PARALLEL_QUANTIZE_BLOCKS && num_threads > 1)
+        run_parallel(quantize_part, &job, num_threads);
+    else
+        quantize_part(&job, 0, 1);
 }
 
 typedef struct {
@@ -348,7 +375,7 @@ int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const voi
         || !quantized.code_sums16) {
         status = 2;
     } else {
-        quantize_rows(x, rows, k, &quantized);
+        quantize_rows(x, rows, k, &quantized, num_threads);
         WorkRanges items;
         work_ranges_init(&items, n / GROUP, num_threads);
         Int8Job job = {kind, &quantized, q, d, m, rows, k, n, y, ldy, &items};

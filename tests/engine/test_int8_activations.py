@@ -70,7 +70,7 @@ def test_repacked_blocks_hold_the_same_weights(kind):
 
 @needs_kernels
 @pytest.mark.parametrize("kind", FORMS)
-@pytest.mark.parametrize("rows", [1, 5, 8, 9, 20])
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 20, 64])
 def test_int8_products_equal_the_quantized_reference(kind, rows):
     blocks = random_blocks(kind, 64, 512, seed=rows)
     repacked = to_int8_form(blocks)
