@@ -58,7 +58,7 @@ def run_kvserve(model, prompts, output_len: int, cb_config: dict
     outputs = model.generate_batch(prompts, generation, config, warmup=False,
                                    persistent_manager=True)
     seconds = time.perf_counter() - started
-    manager = model._cached_manager
+    manager = model.kept_manager
     stats = {k: v for k, v in manager.stats().items() if k in ENGINE_STATS}
     manager.destroy()
     stats["warmup_seconds"] = round(warmup_seconds, 2)

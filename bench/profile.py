@@ -69,8 +69,8 @@ def main(argv=None) -> None:
         model.generate_batch(prompts, generation, config, warmup=False,
                              persistent_manager=True)
         seconds = time.perf_counter() - started
-    stats = model._cached_manager.stats()
-    model._cached_manager.destroy()
+    stats = model.kept_manager.stats()
+    model.kept_manager.destroy()
     steps = max(1, stats.get("num_steps", 1))
     print(f"{seconds:.3f} s for {steps} steps: {1000 * seconds / steps:.2f} ms a step; "
           f"engine {stats}")

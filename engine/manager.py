@@ -274,7 +274,7 @@ class ContinuousBatchingManager:
         elif block:
             self.join(time.perf_counter(), timeout)
         if keep_for_next_session:
-            self.model._cached_manager = self
+            self.model.keep_manager(self)
 
     def join(self, stop_trigger_time: float | None = None, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -293,8 +293,7 @@ class ContinuousBatchingManager:
             self.stop(block=True)
         self.loop.release()
         self._destroyed = True
-        if getattr(self.model, "_cached_manager", None) is self:
-            self.model._cached_manager = None
+        self.model.forget_manager(self)
 
     @contextlib.contextmanager
     def pause(self):

@@ -33,13 +33,27 @@ class EngineModel:
         if eos is None and tokenizer:
             eos = tokenizer.eos_token_id
         self.generation_config = generation_config or GenerationConfig(eos_token_id=eos)
-        self._cached_manager = None
+        self._kept_manager = None
         self.grammars = GrammarCompiler(tokenizer, int(config.vocab_size),
                                         resolve_eos(self.generation_config.eos_token_id, None))
         """Compiles `grammar=` specs against this model's tokenizer (grammar.py); one
         per model, so the tokenizer's index is built once however many managers run."""
         self.tp_group = module.tp_group
         """TensorParallelGroup when the weights are sharded over torchrun ranks."""
+
+    @property
+    def kept_manager(self):
+        """The manager kept by `stop(keep_for_next_session=True)`, which the next
+        `init_continuous_batching` without a new config reuses; None when none is."""
+        return self._kept_manager
+
+    def keep_manager(self, manager) -> None:
+        self._kept_manager = manager
+
+    def forget_manager(self, manager) -> None:
+        """`manager` was destroyed: no longer kept (another kept one stays)."""
+        if self._kept_manager is manager:
+            self._kept_manager = None
 
     def load_beside(self, spec: Any) -> "EngineModel":
         """Another model on this one's device (a speculative draft: draft_model.py),
@@ -65,7 +79,7 @@ class EngineModel:
         with `stop(keep_for_next_session=True)` is reused when no new config is given."""
         from .manager import ContinuousBatchingManager
 
-        cached = self._cached_manager
+        cached = self._kept_manager
         if cached is not None and generation_config is None and continuous_batching_config is None:
             return cached
         continuous_batching_config = ContinuousBatchingConfig.from_any(continuous_batching_config)
@@ -244,7 +258,7 @@ def load_model(spec: Any, dtype: Any = "float32", device: Any = "cpu",
     module = build_module(opened, plan, native, device, tp_size, cpu_group_timeout, progress)
     model = EngineModel(module, opened.config, tokenizer or opened.tokenizer(),
                         opened.generation_config)
-    model.load_seconds = time.perf_counter() - started
+    logger.info("model loaded in %.1f s", time.perf_counter() - started)
     release_openmp_pool()      # the loading ran torch ops on this thread (cpu_threads.py)
     return_freed_memory()      # what loading freed, back to the system
     return model

@@ -159,7 +159,7 @@ def generate_and_inspect(model, prompts, max_new_tokens: int, warmup: bool = Fal
     outputs = model.generate_batch(
         prompts, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[]),
         ContinuousBatchingConfig(**config), persistent_manager=True, warmup=warmup)
-    manager = model._cached_manager
+    manager = model.kept_manager
     manager.check_invariants()
     stats = manager.stats()
     manager.destroy()

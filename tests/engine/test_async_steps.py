@@ -45,7 +45,7 @@ def test_eos_inside_a_lookahead_step_drops_the_wasted_row(tiny_llama):
         outputs = model.generate_batch(
             prompts, GenerationConfig(max_new_tokens=12, eos_token_id=[eos]),
             ContinuousBatchingConfig(use_async_batching=use_async), persistent_manager=True)
-        manager = model._cached_manager
+        manager = model.kept_manager
         manager.check_invariants()
         stats = manager.stats()
         manager.destroy()

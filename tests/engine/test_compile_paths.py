@@ -86,7 +86,7 @@ def _generate(model, prompts, max_new_tokens, **config):
     outputs = model.generate_batch(
         prompts, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[]),
         ContinuousBatchingConfig(**config), persistent_manager=True)
-    manager = model._cached_manager
+    manager = model.kept_manager
     stats = manager.stats()
     manager.destroy()
     return [o.generated_tokens for o in outputs.values()], stats

@@ -254,7 +254,7 @@ def test_a_failing_batch_does_not_run_the_rest_of_its_requests(tiny_llama):
                              ContinuousBatchingConfig(page_size=16, num_blocks=256,
                                                       allow_block_sharing=False),
                              warmup=False, persistent_manager=True)
-    manager = model._cached_manager
+    manager = model.kept_manager
     results = []
     while (result := manager.get_result()) is not None:
         results.append(result)
@@ -275,7 +275,7 @@ def test_context_manager_and_persistent_manager(tiny_llama):
     assert not manager.is_running()
     assert model.init_continuous_batching() is manager     # kept for the next session
     manager.destroy()
-    assert model._cached_manager is None
+    assert model.kept_manager is None
 
 
 def test_entry_points_take_transformers_parameters_in_its_order(tiny_llama):
@@ -310,13 +310,13 @@ def test_a_reused_manager_is_warmed_up_once(tiny_llama):
     config = ContinuousBatchingConfig(page_size=4, num_blocks=32)
     generation = GenerationConfig(max_new_tokens=2, eos_token_id=[])
     model.generate_batch([[3, 4]], generation, config, persistent_manager=True)
-    manager = model._cached_manager
+    manager = model.kept_manager
     assert manager.warmed_up
     runs = []
     warmup = manager.loop.warmup
     manager.loop.warmup = lambda: (runs.append(1), warmup())
     outputs = model.generate_batch([[5, 6]], persistent_manager=True)   # the cached manager
-    assert model._cached_manager is manager and runs == []
+    assert model.kept_manager is manager and runs == []
     assert len(list(outputs.values())[0].generated_tokens) == 2
     manager.warmup()                                        # asked for: it runs
     assert runs == [1]

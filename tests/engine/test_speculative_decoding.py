@@ -171,14 +171,14 @@ def test_requests_that_need_more_than_raw_logits_take_no_drafts(tiny_llama):
     off = model.generate_batch(prompts, penalized, ContinuousBatchingConfig())
     on = model.generate_batch(prompts, penalized, ContinuousBatchingConfig(
         speculative_config=NGRAM), persistent_manager=True)
-    assert model._cached_manager.stats()["spec_num_drafts"] == 0
-    model._cached_manager.destroy()
+    assert model.kept_manager.stats()["spec_num_drafts"] == 0
+    model.kept_manager.destroy()
     assert [o.generated_tokens for o in on.values()] == [o.generated_tokens for o in off.values()]
     logprobs = ContinuousBatchingConfig(return_logprobs=True, speculative_config=NGRAM)
     greedy = GenerationConfig(max_new_tokens=12, eos_token_id=[])
     with_logprobs = model.generate_batch(prompts, greedy, logprobs, persistent_manager=True)
-    assert model._cached_manager.stats()["spec_num_drafts"] == 0
-    model._cached_manager.destroy()
+    assert model.kept_manager.stats()["spec_num_drafts"] == 0
+    model.kept_manager.destroy()
     plain = model.generate_batch(prompts, greedy, ContinuousBatchingConfig(return_logprobs=True))
     assert [o.logprobs for o in with_logprobs.values()] == [o.logprobs for o in plain.values()]
 
@@ -192,9 +192,9 @@ def test_sampled_requests_speculate_and_a_seeded_one_repeats_itself(tiny_llama):
     for _ in range(2):
         outputs = model.generate_batch(prompts, sampled, ContinuousBatchingConfig(
             seed=3, speculative_config=NGRAM), persistent_manager=True)
-        stats = model._cached_manager.stats()
-        model._cached_manager.check_invariants()
-        model._cached_manager.destroy()
+        stats = model.kept_manager.stats()
+        model.kept_manager.check_invariants()
+        model.kept_manager.destroy()
         assert stats["spec_num_drafts"] > 0 and stats["num_free_blocks"] == stats["num_blocks"]
         runs.append([o.generated_tokens for o in outputs.values()])
     assert runs[0] == runs[1] and all(len(tokens) == 16 for tokens in runs[0])

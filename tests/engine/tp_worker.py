@@ -43,7 +43,7 @@ def run_generate_batch(model) -> dict:
         outputs = model.generate_batch(
             scenario_prompts(name), GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, eos_token_id=[]),
             ContinuousBatchingConfig(**fields), persistent_manager=True, warmup=True)
-        manager = model._cached_manager
+        manager = model.kept_manager
         stats = manager.stats()
         manager.destroy()
         seen[name] = {"tokens": [o.generated_tokens for o in outputs.values()],
