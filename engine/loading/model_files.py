@@ -28,7 +28,6 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import os
 import re
 import shutil
 import tempfile
