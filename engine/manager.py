@@ -314,8 +314,11 @@ class ContinuousBatchingManager:
         self.warmed_up = True
 
     def switch_to_cb_friendly_attn(self, model=None, auto_switch_to_flash: bool = True) -> str:
-        from .attention.backend import switch_to_cb_friendly_attn
-        return switch_to_cb_friendly_attn((model or self.model).module, auto_switch_to_flash)
+        """The paged attention implementation the engine's steps take on `model` (this
+        manager's by default): "flash" where asked for and it serves, else "torch". The
+        engine chooses it per start (attention/backend.py) and leaves the model as it is."""
+        from .attention.backend import choose_backend
+        return choose_backend((model or self.model).module, auto_switch_to_flash).name
 
     @property
     def error(self) -> BaseException | None:

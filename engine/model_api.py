@@ -181,8 +181,10 @@ class EngineModel:
         return {rid: results[rid] for rid in ids}
 
     @torch.inference_mode()
-    def prompt_logits(self, input_ids: list[int], page_size: int = 16) -> torch.Tensor:
-        """fp32 logits [len(input_ids), vocab] of one prompt through the paged path."""
+    def prompt_logits(self, input_ids: list[int], page_size: int = 16,
+                      backend: str | None = None) -> torch.Tensor:
+        """fp32 logits [len(input_ids), vocab] of one prompt through the paged path, on
+        the attention `backend` named (None: the one an engine would choose)."""
         if self.tp_group is not None:
             raise RuntimeError("prompt_logits runs on a single process, not under tensor parallelism")
         from .generation_config import SamplingParams
@@ -192,12 +194,13 @@ class EngineModel:
         from .step.runner import ModelRunner
         from .core.scheduler import ScheduledBatch, ScheduledRequest, blocks_needed
 
-        if self.device.type == "cuda":   # a flash backend only where this page size suits it
-            from .attention.backend import keep_backend_fit
-            keep_backend_fit(self.module, page_size)
+        from .attention.backend import choose_backend, get_backend
+
+        chosen = (choose_backend(self.module, True, page_size) if backend is None
+                  else get_backend(backend))
         num_blocks = blocks_needed(len(input_ids), page_size)
         sizing = CacheSizing(num_blocks, page_size, len(input_ids), 1, 0)
-        runner = ModelRunner(self.module, sizing, seed=0)
+        runner = ModelRunner(self.module, sizing, seed=0, backend=chosen)
         request = RequestState("logits", list(input_ids), 1, (), SamplingParams())
         request.block_ids = BlockAllocator(num_blocks).allocate(num_blocks)
         batch = ScheduledBatch([ScheduledRequest(request, 0, len(input_ids), True)], [])

@@ -94,13 +94,10 @@ class EngineModelSpec:
 
 class EngineModule(Protocol):
     """The model interface the engine calls (an nn.Module): its decoder `layers` (one
-    KV cache layer each), the attention implementation chosen for it
-    (`attn_backend`: attention/backend.py's switch_to_cb_friendly_attn sets it; each
-    runner takes it at construction and passes it into every forward), its spec, the
-    forward pass and the logits (or a classifier's scores)."""
+    KV cache layer each), its spec, the forward pass (attention by the backend the
+    runner passes in) and the logits (or a classifier's scores)."""
 
     layers: object
-    attn_backend: object
 
     def engine_spec(self) -> EngineModelSpec:
         ...

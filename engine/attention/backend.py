@@ -2,8 +2,8 @@
 whether pages are read by torch gathers or by a fused kernel. A backend is chosen at
 run time by name (`get_backend`): "torch" (torch_backend.py: any device, the native
 CPU kernels) or "flash" (flash_backend.py: flash-attn on CUDA);
-`switch_to_cb_friendly_attn` sets one on a model, and the engine calls it on CUDA
-when `auto_switch_to_flash` is on."""
+`choose_backend` picks one per engine (flash on CUDA when `auto_switch_to_flash` is
+on and it serves), and the runner passes it into every forward."""
 
 from __future__ import annotations
 
@@ -53,29 +53,19 @@ def get_backend(name: str) -> AttentionBackend:
     raise ValueError(f"unknown attention backend {name!r}; available: 'torch', 'flash'")
 
 
-def switch_to_cb_friendly_attn(model, auto_switch_to_flash: bool = True,
-                               page_size: int | None = None) -> str:
-    """Give `model` (an engine model with an `attn_backend` attribute) an attention
-    implementation that works on the paged cache: flash attention when asked for and
-    it can serve this device, cache dtype and `page_size` (None: not known yet, not
-    checked); otherwise the torch backend, with the reason logged. Returns its name."""
+def choose_backend(model, auto_switch_to_flash: bool = True,
+                   page_size: int | None = None) -> AttentionBackend:
+    """The attention implementation an engine's steps on `model` use (the runner holds
+    it; the model is never changed): flash attention when asked for and it can serve
+    this device, cache dtype and `page_size` (None: not known yet, not checked);
+    otherwise the torch backend, with the reason logged on CUDA."""
     if auto_switch_to_flash:
         reason = _flash_refusal(model, page_size)
         if reason is None:
-            model.attn_backend = get_backend("flash")
-            return model.attn_backend.name
+            return get_backend("flash")
         if next(model.parameters()).device.type == "cuda":
             logger.info("attention: torch backend (%s)", reason)
-    model.attn_backend = get_backend("torch")
-    return model.attn_backend.name
-
-
-def keep_backend_fit(model, page_size: int) -> str:
-    """Keep `model`'s backend unless it pages through block tables (flash) and this
-    page size or device cannot serve it: then the torch backend. Returns its name."""
-    if model.attn_backend.needs_block_tables and _flash_refusal(model, page_size):
-        model.attn_backend = get_backend("torch")
-    return model.attn_backend.name
+    return get_backend("torch")
 
 
 def _flash_refusal(model, page_size: int | None) -> str | None:

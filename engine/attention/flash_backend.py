@@ -18,7 +18,7 @@ p-window+1..p, the engine's rule (q - window < k <= q).
 Where this backend applies (`flash_unsupported_reason`): CUDA (compute capability 8.0+),
 flash-attn 2.5.7+ installed, fp16/bf16 caches, pages of a multiple of 256 tokens
 (flash-attn's paged kernels need it), head sizes a multiple of 8 up to 256.
-`switch_to_cb_friendly_attn` only picks it there. The kernels arrive as a
+`choose_backend` (backend.py) only picks it there. The kernels arrive as a
 `FlashFunctions`, so a reference implementation of the same contract can drive this
 code where flash-attn cannot run (the CPU tests do).
 """

@@ -69,12 +69,13 @@ def build_engine_parts(model, config: ContinuousBatchingConfig, workload_hints: 
         sliding_window=spec.sliding_window,
         proposer=choose_proposer(config.speculative_config, model, sizing,
                                  refusal(distributed, batching, spec.pooled_sliding)))
-    compile_plan = plan_compile(config, model.device, module.attn_backend.needs_block_tables,
+    compile_plan = plan_compile(config, model.device, decode_plan.backend.needs_block_tables,
                                 decode_plan.tables is not None, distributed)
     runner = ModelRunner(
         module, sizing, config.seed, num_offload_blocks, step_sync,
         decode_tables=decode_plan.tables, decode_graphs=decode_plan.graphs,
-        graph_interval=config.q_padding_interval_size, compile_plan=compile_plan)
+        graph_interval=config.q_padding_interval_size, compile_plan=compile_plan,
+        backend=decode_plan.backend)
     return EngineParts(step_sync, sizing, allocator, scheduler, decode_plan, runner, batching)
 
 

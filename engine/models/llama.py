@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import AttentionBackend, get_backend
+from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
 from ..model_spec import EngineModelSpec
@@ -179,7 +179,6 @@ class LlamaFamilyForCausalLM(nn.Module):
         """What every family of ours sets up alike (after self.spec)."""
         self.sliding_window = self.spec.sliding_window
         self.layer_is_sliding = list(self.spec.layer_is_sliding)
-        self.attn_backend = get_backend("torch")
         self.executors = Executors()
         """How steps may run besides the modules (executors.py): set once at load by
         use_executors."""

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import AttentionBackend, get_backend
+from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..model_spec import EngineModelSpec
 
@@ -217,7 +217,6 @@ class TransformersCausalLM(nn.Module):
         self.sliding_window, self.layer_is_sliding = sliding_layers(config, probed)
         self.logit_traits = {name: float(getattr(config, name)) for name in LOGIT_TRAITS
                              if getattr(config, name, None) is not None}
-        self.attn_backend = get_backend("torch")
         self.kv_cache_dtype: torch.dtype | None = None
         """The KV cache's element type the load plan chose (None: the device's default)."""
         self.tp_group = None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.backend import AttentionBackend
 from ..config import ContinuousBatchingConfig
 from .decode_tables import DecodeTables, decode_tables_for
 from ..model_spec import EngineModelSpec
@@ -100,6 +101,8 @@ def async_batching(config: ContinuousBatchingConfig, graphs: str | None, device,
 
 @dataclass(frozen=True)
 class DecodePlan:
+    backend: AttentionBackend
+    """The attention backend of every step (the runner's)."""
     max_blocks_per_request: int
     tables: DecodeTables | None
     """The decode fast path's table widths, or None when the path is off."""
@@ -110,15 +113,14 @@ class DecodePlan:
 def plan_decode_paths(config: ContinuousBatchingConfig, module, spec: EngineModelSpec,
                       device: torch.device, page_size: int, kv_dtype: torch.dtype,
                       workload_hints: dict, distributed: bool) -> DecodePlan:
-    """Per manager: on CUDA the attention backend of `module` (flash where it serves
-    this page size, see attention/backend.py), then the decode fast path and its
+    """Per manager: the attention backend of its steps on `module` (on CUDA flash
+    where it serves this page size, see attention/backend.py), then the decode fast path and its
     graphs, from the model's `spec`."""
-    from ..attention.backend import switch_to_cb_friendly_attn
+    from ..attention.backend import choose_backend
     from ..kv_cache.sizing import resolve_max_blocks_per_request
 
-    if device.type == "cuda":      # each manager decides anew (its page size, its flag)
-        switch_to_cb_friendly_attn(module, config.auto_switch_to_flash, page_size)
-    backend = module.attn_backend
+    # each manager decides anew (its page size, its flag); CPU always takes torch
+    backend = choose_backend(module, config.auto_switch_to_flash, page_size)
     max_blocks = resolve_max_blocks_per_request(config, page_size, workload_hints)
     on = decode_fast_path(config, max_blocks, spec.sliding_window, backend, device)
     tables = None
@@ -126,4 +128,4 @@ def plan_decode_paths(config: ContinuousBatchingConfig, module, spec: EngineMode
         tables = decode_tables_for(backend.needs_block_tables, max_blocks, page_size,
                                    config.kv_padding_interval_size,
                                    spec.kv_bytes_per_token(kv_dtype))
-    return DecodePlan(max_blocks, tables, decode_graphs(config, on, device, distributed))
+    return DecodePlan(backend, max_blocks, tables, decode_graphs(config, on, device, distributed))

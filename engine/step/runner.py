@@ -14,6 +14,7 @@ from .cuda_graphs import DecodeGraphs
 from .decode_tables import DecodeTables
 from ..structured.grammar_masks import NO_MASKS, GrammarMasks, PendingMasks, apply_masks
 from .pooling_step import pooled_parts
+from ..attention.backend import AttentionBackend, get_backend
 from ..distributed import StepPlan, StepSync, to_device
 from ..kv_cache.paged_cache import PagedKVCache, copy_blocks, copy_slots
 from ..kv_cache.sizing import CacheSizing
@@ -35,17 +36,18 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, sizing: CacheSizing, seed: int | None,
                  num_offload_blocks: int = 0, step_sync: StepSync | None = None,
                  decode_tables: DecodeTables | None = None, decode_graphs: str | None = None,
-                 graph_interval: int = 0, compile_plan: CompilePlan | None = None) -> None:
+                 graph_interval: int = 0, compile_plan: CompilePlan | None = None,
+                 backend: AttentionBackend | None = None) -> None:
         """`decode_tables`: the decode fast path's table widths when it is on
         (decode_tables.py). `decode_graphs`: "capture" (CUDA graphs of fast-path decode
         steps), "eager" (the same padded static-buffer steps without graphs: tests) or
         None; they add one scratch block to the cache (cuda_graphs.py). `compile_plan`:
-        which paths run compiled layer steps (compile_paths.py)."""
+        which paths run compiled layer steps (compile_paths.py). `backend`: the
+        attention backend of every step (attention/backend.py's choice; None: torch)."""
         parameter = next(model.parameters())
         self.model = model
-        self.backend = model.attn_backend
-        """The attention backend of every step: the model's choice when the runner was
-        made (switch_to_cb_friendly_attn), passed into each forward."""
+        self.backend = backend or get_backend("torch")
+        """Passed into each forward; the model holds no backend of its own."""
         self.step_sync = step_sync
         """Under tensor parallelism: the driver sends each step's plan through it,
         a follower runs `follow()` instead of `step()`."""

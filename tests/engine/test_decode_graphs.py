@@ -162,43 +162,39 @@ def test_padded_steps_equal_plain_steps(tiny_llama, backend):
     through the decode path's compiled layer step (inductor), as graphs record it."""
     model, _ = tiny_llama
     module = model.module
-    saved = module.attn_backend
-    module.attn_backend = (FlashPagedAttention(CountingFunctions().functions())
-                           if backend == "flash" else get_backend("torch"))
+    attention = (FlashPagedAttention(CountingFunctions().functions())
+                 if backend == "flash" else get_backend("torch"))
     compiled = CompilePlan(decode=CompileSettings(dynamic=True)) if "compiled" in backend else None
-    try:
-        sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 11, 0)
-        tables = DecodeTables(3, round_up=backend != "flash")
-        plain = ModelRunner(module, sizing, seed=0, decode_tables=tables)
-        padded = ModelRunner(module, sizing, seed=0, decode_tables=tables, decode_graphs="eager",
-                             compile_plan=compiled)
-        assert padded.cache.key_caches[0].shape[0] == NUM_BLOCKS + 1     # the scratch page
-        assert padded.decode_graphs.sizes == [1, 2, 4, 8, 16]
-        for runner in (plain, padded):                # the same start, NaN-free pages
-            for cache in runner.cache.key_caches + runner.cache.value_caches:
-                cache.zero_()
-        allocator = BlockAllocator(NUM_BLOCKS)
-        requests = []
-        for index, prompt in enumerate(random_prompts(3, 260, 300, seed=51)):
-            request = RequestState(f"r{index}", prompt, 8, (), SamplingParams())
-            request.block_ids = allocator.allocate(2)
-            requests.append(request)
-        prefill = ScheduledBatch([ScheduledRequest(r, 0, r.num_tokens, True) for r in requests], [])
-        for step in range(6):
-            live = requests if step < 4 else requests[:2]    # 3 rows pad to 4, then 2 fit 2
-            batch = prefill if step == 0 else _decode_step(live)
-            (_, want), (_, got) = plain.step(batch), padded.step(batch)
-            assert got.token_ids == want.token_ids
-            for name in ("key_caches", "value_caches"):
-                for ours, theirs in zip(getattr(padded.cache, name), getattr(plain.cache, name)):
-                    torch.testing.assert_close(ours[:NUM_BLOCKS], theirs)
-            for request, token in zip(batch.entries, want.token_ids):
-                request.request.generated_tokens.append(token)
-        assert padded.decode_graphs.num_steps == 5
-        if compiled:             # every layer of the five decode steps ran compiled
-            assert padded.decode_step.num_calls == 5 * len(module.layers)
-    finally:
-        module.attn_backend = saved
+    sizing = CacheSizing(NUM_BLOCKS, PAGE, 512, 11, 0)
+    tables = DecodeTables(3, round_up=backend != "flash")
+    plain = ModelRunner(module, sizing, seed=0, decode_tables=tables, backend=attention)
+    padded = ModelRunner(module, sizing, seed=0, decode_tables=tables, decode_graphs="eager",
+                         compile_plan=compiled, backend=attention)
+    assert padded.cache.key_caches[0].shape[0] == NUM_BLOCKS + 1     # the scratch page
+    assert padded.decode_graphs.sizes == [1, 2, 4, 8, 16]
+    for runner in (plain, padded):                # the same start, NaN-free pages
+        for cache in runner.cache.key_caches + runner.cache.value_caches:
+            cache.zero_()
+    allocator = BlockAllocator(NUM_BLOCKS)
+    requests = []
+    for index, prompt in enumerate(random_prompts(3, 260, 300, seed=51)):
+        request = RequestState(f"r{index}", prompt, 8, (), SamplingParams())
+        request.block_ids = allocator.allocate(2)
+        requests.append(request)
+    prefill = ScheduledBatch([ScheduledRequest(r, 0, r.num_tokens, True) for r in requests], [])
+    for step in range(6):
+        live = requests if step < 4 else requests[:2]    # 3 rows pad to 4, then 2 fit 2
+        batch = prefill if step == 0 else _decode_step(live)
+        (_, want), (_, got) = plain.step(batch), padded.step(batch)
+        assert got.token_ids == want.token_ids
+        for name in ("key_caches", "value_caches"):
+            for ours, theirs in zip(getattr(padded.cache, name), getattr(plain.cache, name)):
+                torch.testing.assert_close(ours[:NUM_BLOCKS], theirs)
+        for request, token in zip(batch.entries, want.token_ids):
+            request.request.generated_tokens.append(token)
+    assert padded.decode_graphs.num_steps == 5
+    if compiled:             # every layer of the five decode steps ran compiled
+        assert padded.decode_step.num_calls == 5 * len(module.layers)
 
 
 def test_graphs_serve_only_the_steps_they_were_built_for(tiny_llama):

@@ -2,7 +2,7 @@
 of flash-attn's paged contract (tests/engine/flash_reference.py): transformers'
 greedy tokens through chunked prefill, prefix-cache hits, the decode fast path and
 its varlen fallback, and sliding windows; the block tables the engine builds; where
-`switch_to_cb_friendly_attn` picks the backend. tests/engine/test_gpu_paths.py runs
+`choose_backend` picks the backend. tests/engine/test_gpu_paths.py runs
 the real kernels where there is a GPU."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.backend import get_backend, switch_to_cb_friendly_attn
+from engine.attention import backend as attention_backend
+from engine.attention.backend import choose_backend, get_backend
 from engine.attention.flash_backend import FlashPagedAttention, flash_unsupported_reason
 from engine.attention.metadata import FixedTableMetadata, FlashMetadata, TorchMetadata
 from engine.attention.flash_backend import FlashMetadataBuilder
@@ -27,17 +28,14 @@ PAGE = 256
 
 
 def generate_through_flash(model, prompts, max_new_tokens, **config):
-    """generate_and_inspect with the model's backend swapped for the flash backend on
-    the reference functions; returns (tokens, stats, calls per entry point)."""
+    """generate_and_inspect with the engine choosing the flash backend on the reference
+    functions (CPU has no flash-attn); returns (tokens, stats, calls per entry point)."""
     counting = CountingFunctions()
-    module = model.module
-    saved = module.attn_backend
-    module.attn_backend = FlashPagedAttention(counting.functions())
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_backend, "choose_backend",
+                      lambda *args: FlashPagedAttention(counting.functions()))
         tokens, stats = generate_and_inspect(model, prompts, max_new_tokens, page_size=PAGE,
                                              **config)
-    finally:
-        module.attn_backend = saved
     return tokens, stats, counting.calls
 
 
@@ -157,12 +155,7 @@ def test_one_layer_equals_the_torch_backend(window, decode_only):
 
 def test_backend_choice_on_this_host(tiny_llama):
     model, _ = tiny_llama
-    module = model.module
-    saved = module.attn_backend
-    try:
-        assert switch_to_cb_friendly_attn(module, True, PAGE) == "torch"
-    finally:
-        module.attn_backend = saved
+    assert choose_backend(model.module, True, PAGE).name == "torch"
     cuda = torch.device("cuda")
     assert "CUDA" in flash_unsupported_reason(torch.device("cpu"), torch.bfloat16, PAGE)
     assert "float16 or bfloat16" in flash_unsupported_reason(cuda, torch.float32, PAGE)

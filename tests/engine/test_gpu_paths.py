@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.attention.backend import get_backend
 from engine.attention.flash_backend import load_flash_functions
 from engine.generation_config import SamplingParams
 from engine.core.requests import RequestState
@@ -118,10 +117,8 @@ def test_flash_backend_logits_near_the_torch_backend(head16):
     path, _ = head16
     model = load_model(path, dtype="bfloat16", device="cuda", progress=False)
     ids = random_prompts(1, 300, 300, seed=73)[0]
-    model.module.attn_backend = get_backend("torch")
-    want = model.prompt_logits(ids, page_size=256)
-    model.module.attn_backend = get_backend("flash")
-    got = model.prompt_logits(ids, page_size=256)
+    want = model.prompt_logits(ids, page_size=256, backend="torch")
+    got = model.prompt_logits(ids, page_size=256, backend="flash")
     torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
 
 
