@@ -70,7 +70,7 @@ def weight_bytes_per_step(model: nn.Module, rows: int) -> int:
     head, weight = _head(model)
     if isinstance(head, Bf16RescoredHead):
         exact = head.exact_head
-        if exact is not None and rows <= exact.max_rows:
+        if rows <= head.exact_rows:
             return total + _bytes_read(exact, rows)
         return total + head.weight.numel() * 2
     if head is not None:

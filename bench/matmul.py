@@ -64,15 +64,15 @@ def measure(rows: int, in_features: int, out_features: int, num_weights: int,
         return min(_seconds(run, weights, repeats), _seconds(run, weights, repeats))
 
     flops = 2 * rows * in_features * out_features
-    amx = kernels.amx
+    amx = kernels.amx_enabled
     row = {"rows": rows, "in": in_features, "out": out_features}
     if amx:
         row["amx_gflops"] = round(flops / best(native) / 1e9, 1)
-        kernels.use_amx(False)
+        kernels.enable_amx(False)
     try:
         native_s = best(native)
     finally:
-        kernels.use_amx(amx)
+        kernels.enable_amx(amx)
     row["native_gflops"] = round(flops / native_s / 1e9, 1)
     if weights[0].onednn is not None:       # oneDNN packs bf16 on this CPU
         onednn_s = best(onednn)

@@ -53,11 +53,12 @@ def decode_batch(runner_blocks: BlockAllocator, batch: int, context: int) -> Sch
     return ScheduledBatch(entries, [])
 
 
-def time_steps(model, batch: int, context: int, repeats: int) -> float:
-    """Median seconds of one step over `repeats` (after three warm-up steps)."""
+def time_steps(model, batch: int, context: int, repeats: int, executors=None) -> float:
+    """Median seconds of one step over `repeats` (after three warm-up steps), on
+    `executors` in place of the model's own where given."""
     num_blocks = batch * blocks_needed(context + 1, PAGE_SIZE)
     sizing = CacheSizing(num_blocks, PAGE_SIZE, context + 1, batch, 0)
-    runner = ModelRunner(model.module, sizing, seed=0)
+    runner = ModelRunner(model.module, sizing, seed=0, executors=executors)
     for cache in runner.cache.key_caches + runner.cache.value_caches:
         # written, as serving writes them: untouched pages would all read the kernel's
         # one zero page from the CPU's caches, not the context from memory
@@ -131,12 +132,8 @@ def main(argv=None) -> dict:
 def time_loop(model, batch: int, context: int, repeats: int, row: dict) -> float:
     """The same step through the layer loop (the model's whole-stack executors set
     aside), right after the stack's: `row["loop_step_ms"]`, returned too."""
-    executors = model.module.executors
-    model.module.use_executors(executors.without_stacks())
-    try:
-        row["loop_step_ms"] = round(time_steps(model, batch, context, repeats) * 1e3, 2)
-    finally:
-        model.module.use_executors(executors)
+    loop = model.module.executors.without_stacks()
+    row["loop_step_ms"] = round(time_steps(model, batch, context, repeats, loop) * 1e3, 2)
     return row["loop_step_ms"]
 
 

@@ -103,9 +103,9 @@ class EngineModule(Protocol):
         ...
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
-                meta, backend, layer_step=None) -> torch.Tensor:
+                meta, backend, layer_step=None, executors=None) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden], attention by
-        `backend`."""
+        `backend`; `layer_step` and `executors`: the runner's, where it has them."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -58,13 +58,11 @@ needs_bf16_packing = pytest.mark.skipif(
 
 @contextlib.contextmanager
 def executors_set_to(module, executors):
-    """Run the block with `module`'s executors replaced (models/executors.py)."""
-    saved = module.executors
-    module.use_executors(executors)
-    try:
+    """Run the block with `module`'s executors replaced (models/executors.py): a test's
+    spy on a built model, put back after."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "executors", executors)
         yield
-    finally:
-        module.use_executors(saved)
 
 
 def stack_of(module, stack_type):

@@ -1,4 +1,5 @@
-"""Split a loaded decoder across tensor-parallel ranks, Megatron style.
+"""A decoder split across tensor-parallel ranks, Megatron style: each rank reads its
+share as it builds its model (models/model_parts.py, Shard).
 
 Per decoder layer, rank r of N keeps:
 - attention: query heads [r*H/N, (r+1)*H/N) and KV heads [r*KVH/N, (r+1)*KVH/N)
@@ -24,8 +25,8 @@ from .group import TensorParallelError, TensorParallelGroup
 
 
 class RowParallelLinear(nn.Module):
-    """`inner` holds this rank's input columns (no bias): out = sum_r inner_r(x_r) + b.
-    `inner` stays an ordinary module so the low-precision modes can swap it."""
+    """`inner` holds this rank's input columns (no bias), in the plan's linear method:
+    out = sum_r inner_r(x_r) + b."""
 
     def __init__(self, inner: nn.Module, bias: torch.Tensor | None, group: TensorParallelGroup) -> None:
         super().__init__()
@@ -49,66 +50,3 @@ def check_shardable(config, tp_size: int) -> None:
             raise TensorParallelError(
                 f"tp_size={tp_size} must divide the model's {field} ({value}); "
                 f"choose another --nproc-per-node")
-
-
-def shard_model(model: nn.Module, group: TensorParallelGroup) -> nn.Module:
-    """Keep rank `group.rank`'s part of every layer of `model`, in place."""
-    for layer in model.layers:
-        _shard_attention(layer.self_attn, group)
-        _shard_mlp(layer.mlp, group)
-    return model
-
-
-def _rows(tensor: torch.Tensor, start: int, size: int) -> torch.Tensor:
-    return tensor.narrow(0, start, size)
-
-
-def _shard_attention(attn: nn.Module, group: TensorParallelGroup) -> None:
-    rank, world = group.rank, group.world_size
-    q_size, kv_size = attn.q_size // world, attn.kv_size // world
-    qkv = attn.qkv_proj
-
-    def pick(tensor: torch.Tensor) -> torch.Tensor:
-        q, k, v = tensor.split([attn.q_size, attn.kv_size, attn.kv_size], dim=0)
-        return torch.cat([_rows(q, rank * q_size, q_size), _rows(k, rank * kv_size, kv_size),
-                          _rows(v, rank * kv_size, kv_size)]).clone()
-
-    attn.qkv_proj = _linear(pick(qkv.weight.data),
-                            None if qkv.bias is None else pick(qkv.bias.data))
-    attn.o_proj = _row_parallel(attn.o_proj, rank * q_size, q_size, group)
-    attn.num_heads //= world
-    attn.num_kv_heads //= world
-    attn.q_size, attn.kv_size = q_size, kv_size
-
-
-def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
-    rank, world = group.rank, group.world_size
-    size = mlp.intermediate_size // world
-    gate_up = mlp.gate_up_proj
-
-    def pick(tensor: torch.Tensor) -> torch.Tensor:
-        gate, up = tensor.split(mlp.intermediate_size, dim=0)
-        return torch.cat([_rows(gate, rank * size, size), _rows(up, rank * size, size)]).clone()
-
-    mlp.gate_up_proj = _linear(pick(gate_up.weight.data),
-                               None if gate_up.bias is None else pick(gate_up.bias.data))
-    mlp.down_proj = _row_parallel(mlp.down_proj, rank * size, size, group)
-    mlp.intermediate_size = size
-
-
-def _row_parallel(linear: nn.Linear, start: int, size: int,
-                  group: TensorParallelGroup) -> RowParallelLinear:
-    weight = linear.weight.data.narrow(1, start, size).clone()
-    bias = None if linear.bias is None else linear.bias.data.clone()
-    return RowParallelLinear(_linear(weight, None), bias, group)
-
-
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """An nn.Linear wrapping the given tensors without a fresh random init."""
-    with torch.device("meta"):
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    linear.weight = nn.Parameter(weight, requires_grad=False)
-    if bias is not None:
-        linear.bias = nn.Parameter(bias, requires_grad=False)
-    return linear
-

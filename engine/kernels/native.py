@@ -83,11 +83,11 @@ class NativeKernels:
         self.bf16_gemm_kind = BF16_GEMMS[library.bf16_gemm_available()]
         """How bf16_gemm multiplies (BF16_GEMMS): "avx512_bf16", "widening" or "none"."""
         self.has_bf16_gemm = self.bf16_gemm_kind != "none"
-        self.amx = False
+        self.amx_enabled = False
         """Whether bf16_gemm multiplies on AMX tiles (bf16_amx.c; KVSERVE_AMX=0 keeps
-        the AVX512-BF16 loop); set by use_amx."""
+        the AVX512-BF16 loop); set by enable_amx."""
         if self.bf16_gemm_kind == "avx512_bf16":
-            self.use_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
+            self.enable_amx(os.environ.get("KVSERVE_AMX", "1") != "0")
         self.block_lanes = int(library.block_gemm_lanes())
         """16 (AVX-512), 8 (AVX2), 4 (AArch64's NEON) or 1: the vectors of the block
         kernels (block_gemm.c)."""
@@ -104,7 +104,7 @@ class NativeKernels:
         """Which routines this build runs, for the load log."""
         attention = ("vector passes" if self._library.attention_vectors_apply(64)
                      else "scalar loops")
-        bf16 = {"avx512_bf16": "AMX tiles" if self.amx else "AVX512-BF16",
+        bf16 = {"avx512_bf16": "AMX tiles" if self.amx_enabled else "AVX512-BF16",
                 "widening": "widened to fp32 FMAs", "none": "none"}[self.bf16_gemm_kind]
         return (f"block kernels on {self.block_lanes} lanes, int8 loop {self.int8_path}, "
                 f"attention {attention}, bf16 GEMM {bf16}")
@@ -176,11 +176,11 @@ class NativeKernels:
             raise RuntimeError(f"bf16 GEMM failed ({status}) for K={x.shape[1]}")
         return y
 
-    def use_amx(self, wanted: bool) -> bool:
+    def enable_amx(self, wanted: bool) -> bool:
         """Turn the bf16 GEMM's AMX tiles on (where this CPU and Linux allow them) or
         off for the whole process; returns whether they serve. Not while a GEMM runs."""
-        self.amx = bool(self._library.bf16_amx_enable(int(wanted)))
-        return self.amx
+        self.amx_enabled = bool(self._library.bf16_amx_enable(int(wanted)))
+        return self.amx_enabled
 
     @property
     def library(self) -> ctypes.CDLL:

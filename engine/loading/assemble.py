@@ -81,36 +81,32 @@ def plan_for(dtype, opened: OpenedSpec, device: torch.device, tp_size: int,
 
 def build_module(opened: OpenedSpec, plan, native, device: torch.device, tp_size: int,
                  cpu_group_timeout: float | None, progress: bool) -> torch.nn.Module:
-    """The model module the plan describes: its weights read, its linear methods and
-    native executors chosen (our families), its KV cache dtype set."""
+    """The model module the plan describes, built whole: its weights read, in their
+    linear methods, with its native executors (our families) and KV cache dtype."""
     from ..models import has_own_code
-    from ..models.method_choice import choose_linear_methods
+    from ..models.method_choice import LinearPlan, format_method_table, method_table
 
     source, config = opened.source, opened.config
     if not has_own_code(config):
-        module = _transformers_family(source, config, plan.compute, device)
-    else:
-        kernels = native if plan.block_kernels else None
-        try:
-            module = _own_family(_read_weights(source, config, progress, kernels,
-                                               plan.int8_activations),
-                                 config, plan.compute, device, tp_size, cpu_group_timeout,
-                                 kernels, dense_table=plan.dense_table)
-        except ModelLoadError:
-            raise
-        except (ValueError, KeyError, RuntimeError) as error:   # weights that do not fit
-            if tp_size > 1:            # the config, or damaged; a TensorParallelError
-                raise                  # (sharding, launch) says its own part
-            raise _weights_refused(source, error) from error
-        choose_linear_methods(module, plan.dtype.weights,
-                              pack=device.type == "cpu" and tp_size == 1,
-                              native_bf16=plan.native_bf16)
-        if device.type == "cpu" and tp_size == 1 and native is not None:
-            from ..models.executor_choice import use_chosen_executors
-
-            use_chosen_executors(module, native)
-    if plan.kv_cache is not None:
-        module.use_kv_cache_dtype(plan.kv_cache)
+        return _transformers_family(source, config, plan.compute, device, plan.kv_cache)
+    kernels = native if plan.block_kernels else None
+    single_cpu = device.type == "cpu" and tp_size == 1
+    linear_plan = LinearPlan(plan.dtype.weights, pack=single_cpu, native_bf16=plan.native_bf16,
+                             block_kernels=kernels, dense_table=plan.dense_table,
+                             executor_kernels=native if single_cpu else None)
+    kv_dtype = plan.kv_cache if plan.kv_cache is not None or plan.dtype.weights != "bf16" \
+        else torch.bfloat16                  # bf16-weights: a bf16 cache unless one is asked
+    try:
+        weights = _read_weights(source, config, progress, kernels, plan.int8_activations)
+        module = _own_family(weights, config, plan.compute, device, tp_size, cpu_group_timeout,
+                             linear_plan, kv_dtype, isinstance(source, torch.nn.Module))
+    except ModelLoadError:
+        raise
+    except (ValueError, KeyError, RuntimeError) as error:   # weights that do not fit
+        if tp_size > 1:            # the config, or damaged; a TensorParallelError
+            raise                  # (sharding, launch) says its own part
+        raise _weights_refused(source, error) from error
+    logger.info("linear methods:\n%s", format_method_table(method_table(module)))
     return module
 
 
@@ -149,51 +145,52 @@ def _read_weights(source, config, progress: bool, kernels, int8_activations: boo
 
 
 def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_size: int,
-                cpu_group_timeout: float | None, kernels, dense_table: bool):
-    """One of our decoder implementations (models/__init__.py's registry), sharded
-    under tensor parallelism. A GGUF's projections run on its blocks in float32 on
-    CPU, with no dense copy where the blocks serve every step size (unless
-    `dense_table`: bf16-weights keeps an fp32 table for its LM head), in whatever
-    form `weights` holds them (int8-activation forms where it was read for them).
-    `kernels`: the native kernels that serve a GGUF's blocks (the plan's), or None."""
+                cpu_group_timeout: float | None, plan, kv_dtype: torch.dtype | None,
+                given: bool):
+    """One of our decoder implementations (models/__init__.py's registry) built from
+    `weights` (a state dict, or a GGUFCheckpoint whose blocks the plan's block
+    kernels serve where it has them: model_parts.py), sharded under tensor
+    parallelism. `given`: the weights are a caller's module's, never shared."""
     from ..models import build_model
-    from ..models.block_install import use_blocks
     from ..models.gguf_checkpoint import GGUFCheckpoint
+    from ..models.model_parts import CheckpointTensors, ModelParts
 
     gguf = weights if isinstance(weights, GGUFCheckpoint) else None
-    if gguf is None or kernels is None:
+    if tp_size > 1:
         state = weights if gguf is None else gguf.dense_state()
-        if tp_size > 1:
-            return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout)
-        return build_model(config, state, dtype, device)
-    return build_model(config, {}, dtype, device, prepare=lambda model: gguf.dense_state(
-        skip=use_blocks(model, gguf.blocks, kernels, dense_table)))
+        return _build_sharded(config, state, dtype, device, tp_size, cpu_group_timeout, plan,
+                              kv_dtype)
+    if gguf is None:
+        tensors = CheckpointTensors.of_state(weights, dtype, device, copy=given)
+        return build_model(config, ModelParts(tensors, plan, None, kv_dtype))
+    tensors = CheckpointTensors(gguf.take, dtype, device)
+    return build_model(config, ModelParts(tensors, plan, gguf.blocks, kv_dtype))
 
 
-def _transformers_family(source, config, dtype: torch.dtype, device: torch.device):
+def _transformers_family(source, config, dtype: torch.dtype, device: torch.device,
+                         kv_dtype: torch.dtype | None):
     """A family we have no code for, on transformers' modeling code with the paged
     attention (models/transformers_path.py); the plan has refused what it cannot do."""
     from ..models.transformers_path import load_transformers_model
 
-    module = load_transformers_model(source, dtype, device)
+    module = load_transformers_model(source, dtype, device, kv_dtype)
     logger.info("model_type %r runs on transformers' modeling code with the paged "
                 "attention (no native decode kernels)", config.model_type)
     return module
 
 
 def _build_sharded(config, state, dtype: torch.dtype, device: torch.device, tp_size: int,
-                   timeout_s: float | None) -> torch.nn.Module:
-    """Build the whole model on the host, keep this rank's shard, move it to its device."""
-    from ..distributed import check_shardable, init_tensor_parallel, shard_model
+                   timeout_s: float | None, plan, kv_dtype) -> torch.nn.Module:
+    """This rank's shard of the model, read from the whole checkpoint on its device."""
+    from ..distributed import check_shardable, init_tensor_parallel
     from ..models import build_model
+    from ..models.model_parts import CheckpointTensors, ModelParts, Shard
 
     check_shardable(config, tp_size)          # before joining: a bad size fails at once
     group = init_tensor_parallel(tp_size, device, timeout_s)
-    module = shard_model(build_model(config, state, dtype, torch.device("cpu")), group)
-    module = module.to(group.device)
-    module.reset_buffers(group.device)
-    module.use_tensor_parallel(group)
-    return module
+    tensors = CheckpointTensors.of_state(state, dtype, group.device,
+                                         shard=Shard(group.rank, group.world_size))
+    return build_model(config, ModelParts(tensors, plan, None, kv_dtype, group))
 
 
 def _generation_config_from(model_dir: Path, config) -> GenerationConfig | None:

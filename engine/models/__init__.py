@@ -3,12 +3,13 @@ one from a transformers config."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaFamilyForCausalLM
+from .model_parts import ModelParts
 
 MODEL_REGISTRY = {
     "llama": LlamaFamilyForCausalLM,
@@ -27,34 +28,11 @@ def has_own_code(config: Any) -> bool:
     return getattr(config, "model_type", None) in MODEL_REGISTRY
 
 
-def build_model(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device,
-                prepare: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None
-                ) -> torch.nn.Module:
-    """Instantiate our model class for `config.model_type` and load the weights.
-    `prepare(model)`, called before loading (the parameters allocated, not written),
-    may swap modules and returns the state dict to load instead of `state_dict`."""
+def build_model(config: Any, parts: ModelParts) -> torch.nn.Module:
+    """Our model class for `config.model_type`, built whole from `parts`
+    (model_parts.py: the checkpoint's tensors, the load plan's choices)."""
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_REGISTRY:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
                          f"{sorted(MODEL_REGISTRY)}")
-    with torch.device("meta"):  # no random init: every weight comes from the checkpoint
-        model = MODEL_REGISTRY[model_type](config)
-    _allocate(model, dtype, device)
-    model.load_hf_state_dict(state_dict if prepare is None else prepare(model))
-    model.reset_buffers(device)  # buffers are not in the checkpoint; rebuild in fp32
-    return model.eval()
-
-
-def _allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-    """Give every parameter made on the meta device real, unwritten storage on
-    `device` (floating ones in `dtype`): what to_empty and to(dtype) do, but through
-    the plain factory, since their meta-tensor paths import torch's symbolic-shape
-    machinery (a quarter second and ~35 MB of a server's start)."""
-    for module in model.modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.is_meta:
-                kind = dtype if param.is_floating_point() else param.dtype
-                module.register_parameter(name, torch.nn.Parameter(
-                    torch.empty(param.shape, dtype=kind, device=device),
-                    requires_grad=param.requires_grad))
+    return MODEL_REGISTRY[model_type](config, parts).eval()

@@ -15,7 +15,7 @@ bf16-weights), packed for oneDNN once at load (packed_linear.py). In dtype
 int8-activations the blocks are repacked for the int8 kernels (int8_blocks.py), which
 take every step.
 
-block_install.py installs them on every projection (and the LM head) whose blocks the
+model_parts.py builds them for every projection (and the LM head) whose blocks the
 GGUF checkpoint holds (gguf_checkpoint.py, which reorders q/k rows as transformers'
 GGUF loader does and makes the dense weights from the same blocks).
 """
@@ -33,7 +33,7 @@ from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
 from .int8_blocks import Int8Blocks
 from .linear_base import LinearMethod
-from .packed_linear import pack_in_place, packed_gated, packed_linear
+from .packed_linear import pack_weight, packed_gated, packed_linear
 
 
 MAX_KERNEL_ROWS = 12
@@ -69,13 +69,18 @@ class BlockLinear(LinearMethod):
     of the output (`parts`; `codes`, `scales`, `minima` are then None). Parts
     repacked for int8 activations (int8_blocks.py) serve every step on their kernels."""
 
-    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor | None,
-                 blocks: Blocks | list[Blocks], kernels) -> None:
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 blocks: Blocks | list[Blocks], kernels, bf16_dense: bool = False,
+                 pack: bool = False) -> None:
+        """`weight`: the dense fp32 weight for large steps, or None. `bf16_dense`: large
+        steps multiply a bf16 copy instead (input rounded to bf16, fp32 accumulation
+        and output: a multiple of fp32's rate at many rows on AVX-512 BF16,
+        docs/benchmarks.md, The machines), and steps past BF16_KERNEL_ROWS take it.
+        `pack`: the dense weight is packed for oneDNN (packed_linear.py), no unpacked
+        copy kept."""
         parts = joined([blocks] if isinstance(blocks, Blocks) else blocks)
         super().__init__(parts[0].shape[1], sum(part.shape[0] for part in parts))
-        self.weight = weight if weight is None or isinstance(weight, nn.Parameter) else \
-            nn.Parameter(weight, requires_grad=False)
-        self.bias = None if linear is None else linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         single = parts[0] if len(parts) == 1 else None
         self.kind = "mixed" if single is None else single.kind
         for name in ("codes", "scales", "minima"):
@@ -92,11 +97,17 @@ class BlockLinear(LinearMethod):
         self.max_rows = kernel_rows(kernels)
         if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
-        if weight is None:
+        if weight is None and not bf16_dense:
             if not blocks_serve_every_step(parts, kernels):
                 raise ValueError("these blocks need a dense weight for large steps")
             self.max_rows = sys.maxsize
         """Steps of more rows use the dense weight."""
+        if bf16_dense:
+            weight = (self.dequantized() if weight is None else weight.detach()).to(torch.bfloat16)
+            self.max_rows = BF16_KERNEL_ROWS
+        self.packed = pack_weight(weight) if pack and weight is not None else None
+        self.weight = None if weight is None or self.packed is not None else \
+            nn.Parameter(weight, requires_grad=False)
 
     def describe(self) -> str:
         if self.weight is None and self.packed is None:
@@ -126,19 +137,6 @@ class BlockLinear(LinearMethod):
             y += self.bias
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
-
-    def use_bf16_dense(self) -> None:
-        """Steps too large for the block kernel multiply a bf16 copy of the weight
-        (input rounded to bf16, fp32 accumulation and output): a multiple of fp32's
-        rate at many rows on AVX-512 BF16 (docs/benchmarks.md, The machines), at bf16's
-        rounding. Small steps stay exact."""
-        dense = self.weight.detach() if self.weight is not None else self.dequantized()
-        self.weight = nn.Parameter(dense.to(torch.bfloat16), requires_grad=False)
-        self.max_rows = BF16_KERNEL_ROWS
-
-    def pack_dense(self) -> bool:
-        """Pack the dense weight for oneDNN and drop the unpacked one (packed_linear.py)."""
-        return self.weight is not None and pack_in_place(self, "weight")
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out_features, in_features] fp32, made from the blocks."""
@@ -171,12 +169,11 @@ class FusedBlockMLP:
         """A native.GATED_ACTIVATIONS name."""
 
     @staticmethod
-    def applies(mlp: nn.Module) -> bool:
-        gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    def applies(gate_up: nn.Module, down: nn.Module, activation: str) -> bool:
         return (isinstance(gate_up, BlockLinear) and isinstance(down, BlockLinear)
                 and gate_up.bias is None and down.bias is None
                 and gate_up.native_weight is not None and down.native_weight is not None
-                and mlp.act_name in FUSED_ACTIVATIONS)
+                and activation in FUSED_ACTIVATIONS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output, or None when the step is for the modules. Larger steps

@@ -45,10 +45,6 @@ def choose_executors(model: nn.Module, kernels) -> Executors:
     return Executors(stacks, layers if any(layers) else (), names)
 
 
-def use_chosen_executors(model: nn.Module, kernels) -> Executors:
-    """Choose the model's executors and hand them to it; logs what was chosen."""
-    executors = choose_executors(model, kernels)
-    model.use_executors(executors)
+def log_executors(executors: Executors) -> None:
     logger.info("layer executors: %s, then the modules",
                 ", ".join(executors.names) if executors.names else "none")
-    return executors

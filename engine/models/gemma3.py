@@ -15,9 +15,9 @@ from torch import nn
 
 from ..attention.metadata import AttentionMetadata
 from .layer_spec import LayerSpec
-from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
-                     rope_parameters)
-from .llama import DecoderLayer, LlamaFamilyForCausalLM
+from .layers import RotaryEmbedding, apply_rotary, rope_parameters
+from .llama import Attention, DecoderLayer, LlamaFamilyForCausalLM, gated_mlp, layer_norm
+from .model_parts import ModelParts
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -48,22 +48,13 @@ def layer_rope_parameters(config: Any, layer_type: str) -> dict:
     return merged
 
 
-class Gemma3Attention(nn.Module):
-    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.is_sliding = spec.layer_is_sliding[layer_idx]
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+class Gemma3Attention(Attention):
+    """Llama's attention traits, built the same way (q/k norms always), scaled by
+    query_pre_attn_scalar ** -0.5, with its own forward."""
+
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int, parts: ModelParts) -> None:
+        super().__init__(config, spec, layer_idx, parts)
         self.scale = config.query_pre_attn_scalar ** -0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, spec.norm_offset)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, spec.norm_offset)
 
     def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata,
                 backend):
@@ -82,18 +73,15 @@ class Gemma3Attention(nn.Module):
 class Gemma3DecoderLayer(DecoderLayer):
     """Llama's layer dispatch (DecoderLayer.forward) over Gemma's modules."""
 
-    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int, parts: ModelParts) -> None:
         nn.Module.__init__(self)
-        eps, offset = config.rms_norm_eps, spec.norm_offset
         self.spec = spec
         self.is_sliding = spec.layer_is_sliding[layer_idx]
-        self.self_attn = Gemma3Attention(config, spec, layer_idx)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, spec.activation,
-                            bias=spec.mlp_bias)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, offset)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset)
-        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
-        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.self_attn = Gemma3Attention(config, spec, layer_idx, parts)
+        self.mlp = gated_mlp(config, spec, parts, layer_idx)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            self.add_module(name, layer_norm(config, spec, parts, f"layers.{layer_idx}.{name}"))
 
     def torch_step(self, hidden, cos, sin, key_cache, value_cache, meta, backend):
         """The layer through its modules; reads no layer index, so one compiled copy
@@ -108,28 +96,25 @@ class Gemma3DecoderLayer(DecoderLayer):
 class Gemma3ForCausalLM(LlamaFamilyForCausalLM):
     """Shares weight loading and logits with the Llama family; differs in layers."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, parts: ModelParts) -> None:
         nn.Module.__init__(self)
         self.config = config
         self.spec = gemma3_spec(config)
-        self.embed_tokens = checkpoint_embedding(config.vocab_size, config.hidden_size)
-        self.embed_scale = config.hidden_size ** 0.5
-        self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.spec.norm_offset)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        hidden, vocab = config.hidden_size, config.vocab_size
+        self.embed_tokens = parts.embedding(vocab, hidden)
+        self.embed_scale = hidden ** 0.5
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, self.spec, i, parts)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = layer_norm(config, self.spec, parts, "norm")
+        tied = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = parts.lm_head(self.embed_tokens, hidden, vocab, tied)
         self.num_labels, self.score = None, None   # no classifier checkpoints (classifier_head.py)
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
         self.rotaries = nn.ModuleDict({
-            kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config)
+            kind: RotaryEmbedding(config.head_dim, layer_rope_parameters(config, kind), config,
+                                  parts.tensors.device)
             for kind in (SLIDING, FULL)})
-        self.init_common()
-
-    def reset_buffers(self, device: torch.device) -> None:
-        for rotary in self.rotaries.values():
-            rotary.reset(device)
+        self.init_common(parts)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

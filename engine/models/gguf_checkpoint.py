@@ -49,6 +49,17 @@ class GGUFCheckpoint:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """transformers name -> the tensor's shape, for the blocks."""
 
+    def take(self, name: str) -> torch.Tensor | None:
+        """The fp32 value of tensor `name` (transformers' name, tried with `model.`
+        first): a dense one leaves the checkpoint, blocks are dequantized and stay (a
+        BlockLinear may hold them too); None where the file has no such tensor."""
+        for key in ("model." + name, name):
+            if key in self.dense:
+                return self.dense.pop(key)
+            if key in self.blocks:
+                return self.blocks[key].dequantize().reshape(self.shapes[key])
+        return None
+
     def dense_state(self, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Every tensor as a dense fp32 value (blocks dequantized: gguf-py's values bit
         for bit) but those in `skip`, which the model serves from their blocks."""
@@ -128,7 +139,7 @@ def _parameter_names(config: Any) -> list[str]:
     fixed layout (no transformers model is built: importing and building one was a
     tenth of a 1.7B model's start), else a meta-device transformers model's."""
     from . import has_own_code
-    from .llama import hf_weight_names
+    from .model_parts import hf_weight_names
 
     if has_own_code(config):
         return hf_weight_names(config.num_hidden_layers)
@@ -197,7 +208,7 @@ def _joined_groups(named: dict[str, GGUFTensor], processor, mapping: dict,
     """fused projection name -> [(part name, row order or None), ...] for the fused
     projections whose parts are all present, all read into one form, and only
     reordered by the processor (else their parts are read one by one)."""
-    from .block_install import FUSED_PARTS
+    from .model_parts import FUSED_PARTS
 
     groups = {}
     for name in named:

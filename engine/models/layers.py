@@ -16,9 +16,12 @@ from ..kernels import default_kernels
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32. `offset=1.0` gives Gemma's (1 + weight)."""
 
-    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0,
+                 weight: torch.Tensor | None = None) -> None:
+        """`weight` [dim]: the checkpoint's (ModelParts.tensor), else ones."""
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim) if weight is None else weight,
+                                   requires_grad=False)
         self.eps = eps
         self.offset = offset
 
@@ -53,15 +56,6 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
-def checkpoint_embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
-    """An nn.Embedding whose table the checkpoint fills: made with an uninitialised
-    table, because nn.Embedding's own random init on the meta device (build_model)
-    runs through torch's decompositions and imports its compiler stack (most of a
-    second and ~70 MB of a server's start)."""
-    return nn.Embedding(num_embeddings, embedding_dim,
-                        _weight=torch.empty(num_embeddings, embedding_dim))
-
-
 ACTIVATIONS = {
     "silu": F.silu,
     "swish": F.silu,
@@ -71,25 +65,22 @@ ACTIVATIONS = {
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up fused in one matmul."""
+    """down(act(gate(x)) * up(x)) with gate and up fused in one matmul: `gate_up_proj`
+    [hidden -> 2 I] and `down_proj` [I -> hidden] in their linear methods."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+    def __init__(self, gate_up_proj: nn.Module, down_proj: nn.Module, act: str,
+                 fused=None) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         if act not in ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {act!r}")
+        self.intermediate_size = gate_up_proj.out_features // 2
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
         self.act = ACTIVATIONS[act]
         self.act_name = act
-        self.fused = None
-        """Optional callable x -> output or None (not for this step), given at load
-        (use_fused) when the projections can run as one native call
-        (block_weights.FusedBlockMLP, paired_mlp.PairedMLP)."""
-
-    def use_fused(self, fused) -> None:
-        """The MLP's native path, chosen at load."""
         self.fused = fused
+        """Optional callable x -> output or None (not for this step), chosen at load
+        when the projections can run as one native call (method_choice.mlp_path:
+        block_weights.FusedBlockMLP, paired_mlp.PairedMLP)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None and not torch.compiler.is_compiling():  # native kernel
@@ -115,9 +106,8 @@ def rope_parameters(config: Any) -> dict:
 
 
 def rope_inv_freq(head_dim: int, params: dict, config: Any) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim // 2] on the CPU (also inside build_model's meta-
-    device construction: arithmetic on meta tensors imports torch's compiler stack)
-    and the attention scaling factor."""
+    """Inverse frequencies [head_dim // 2] fp32, computed on the CPU, and the attention
+    scaling factor."""
     base = float(params["rope_theta"])
     partial = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
     dim = int(head_dim * partial)
@@ -153,16 +143,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """cos/sin for the positions of one step, computed once and shared by all layers."""
 
-    def __init__(self, head_dim: int, params: dict, config: Any) -> None:
+    def __init__(self, head_dim: int, params: dict, config: Any,
+                 device: torch.device | None = None) -> None:
         super().__init__()
-        self._args = (head_dim, params, config)
         inv_freq, self.attention_scaling = rope_inv_freq(head_dim, params, config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def reset(self, device: torch.device) -> None:
-        """Recompute the fp32 frequencies (after meta-device construction or a cast)."""
-        inv_freq, self.attention_scaling = rope_inv_freq(*self._args)
-        self.inv_freq = inv_freq.to(device)
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, rot_dim/2]

@@ -30,13 +30,8 @@ class LinearMethod(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.bias: torch.Tensor | None = None
         self.packed = None
-        """The dense weight packed for oneDNN: a packed_linear.PackedWeight, where this
-        form has one."""
-
-    def pack_dense(self) -> bool:
-        """Pack the dense weight this form keeps, if any, for oneDNN (and drop the
-        unpacked copy); True when something was packed."""
-        return False
+        """The dense weight packed for oneDNN at construction: a
+        packed_linear.PackedWeight, where this form has one."""
 
     def describe(self) -> str:
         """The form's name in the load log's table."""

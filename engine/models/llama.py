@@ -17,11 +17,12 @@ from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..kernels import default_kernels
 from ..model_spec import EngineModelSpec
-from .classifier_head import classifier_labels, score_head
+from .classifier_head import classifier_labels
 from .executors import Executors, LayerStep, ModelStep, run_layer, run_stack
 from .layer_spec import LayerSpec
-from .layers import (GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, checkpoint_embedding,
-                     rope_parameters)
+from .layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_parameters
+from .method_choice import DenseLinear, mlp_path
+from .model_parts import ModelParts
 
 
 def llama_spec(config: Any) -> LayerSpec:
@@ -43,21 +44,26 @@ def llama_spec(config: Any) -> LayerSpec:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int, parts: ModelParts) -> None:
+        """This rank's heads (all of them but under tensor parallelism)."""
         super().__init__()
         self.layer_idx = layer_idx
         self.is_sliding = spec.layer_is_sliding[layer_idx]
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        heads = config.num_attention_heads
+        self.num_heads = heads // parts.tp_size
+        self.num_kv_heads = (getattr(config, "num_key_value_heads", None) or heads) // parts.tp_size
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if spec.qk_norm else None
+        prefix, hidden = f"layers.{layer_idx}.self_attn.", config.hidden_size
+        self.qkv_proj = parts.linear(prefix + "qkv_proj", hidden, self.q_size + 2 * self.kv_size,
+                                     spec.qkv_bias)
+        self.o_proj = parts.linear(prefix + "o_proj", self.q_size, hidden, spec.o_bias)
+        self.q_norm, self.k_norm = (
+            RMSNorm(self.head_dim, config.rms_norm_eps, spec.norm_offset,
+                    parts.tensor(f"{prefix}{name}.weight", (self.head_dim,)))
+            if spec.qk_norm else None for name in ("q_norm", "k_norm"))
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -118,16 +124,34 @@ def native_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             and default_kernels() is not None)
 
 
+def layer_norm(config: Any, spec: LayerSpec, parts: ModelParts, name: str) -> RMSNorm:
+    """A norm over the hidden size: the model's final one, or a layer's (`name`
+    `layers.0.input_layernorm`)."""
+    return RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset,
+                   parts.tensor(name + ".weight", (config.hidden_size,)))
+
+
+def gated_mlp(config: Any, spec: LayerSpec, parts: ModelParts, layer_idx: int) -> GatedMLP:
+    """Layer `layer_idx`'s MLP (this rank's share of it), with its native path."""
+    prefix, hidden = f"layers.{layer_idx}.mlp.", config.hidden_size
+    inter = config.intermediate_size // parts.tp_size
+    gate_up = parts.linear(prefix + "gate_up_proj", hidden, 2 * inter, spec.mlp_bias)
+    down = parts.linear(prefix + "down_proj", inter, hidden, spec.mlp_bias)
+    return GatedMLP(gate_up, down, spec.activation,
+                    mlp_path(gate_up, down, spec.activation, parts.plan))
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int) -> None:
+    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int, parts: ModelParts) -> None:
         super().__init__()
         self.spec = spec
         self.is_sliding = spec.layer_is_sliding[layer_idx]
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, spec, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size,
-                            spec.activation, spec.mlp_bias)
+        prefix = f"layers.{layer_idx}."
+        self.input_layernorm = layer_norm(config, spec, parts, prefix + "input_layernorm")
+        self.self_attn = Attention(config, spec, layer_idx, parts)
+        self.post_attention_layernorm = layer_norm(config, spec, parts,
+                                                   prefix + "post_attention_layernorm")
+        self.mlp = gated_mlp(config, spec, parts, layer_idx)
 
     def forward(self, hidden, cos, sin, kv_cache, meta, backend, layer_step=None,
                 executors: tuple = ()):
@@ -153,41 +177,43 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaFamilyForCausalLM(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, parts: ModelParts) -> None:
+        """Built whole from `parts` (model_parts.py): the checkpoint's tensors in the
+        load plan's linear methods, the KV cache dtype, the tensor-parallel group, the
+        layer executors. Nothing changes a built model."""
         super().__init__()
         self.config = config
         self.spec = llama_spec(config)
-        self.embed_tokens = checkpoint_embedding(config.vocab_size, config.hidden_size)
+        hidden, vocab = config.hidden_size, config.vocab_size
+        self.embed_tokens = parts.embedding(vocab, hidden)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, self.spec, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            DecoderLayer(config, self.spec, i, parts) for i in range(config.num_hidden_layers))
+        self.norm = layer_norm(config, self.spec, parts, "norm")
         self.num_labels = classifier_labels(config)
-        self.score = score_head(config.hidden_size, self.num_labels)
+        self.score = None if self.num_labels is None else DenseLinear(
+            parts.tensor("score.weight", (self.num_labels, hidden)), None)
         """A sequence-classification checkpoint's head (classifier_head.py), else None."""
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings or self.score is not None else \
-            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        """None for tied embeddings until use_lm_head gives the head a method of its
-        own (linear_base.py); logits then multiply the embedding table. A
-        classifier has no LM head: its logits (the warmup's only; the manager refuses
-        its generating requests) multiply the embedding table too."""
+        tied = bool(getattr(config, "tie_word_embeddings", False)) or self.score is not None
+        self.lm_head = parts.lm_head(self.embed_tokens, hidden, vocab, tied)
+        """The head's linear method (method_choice.py); None: the logits multiply the
+        embedding table (a tied head kept dense and unpacked, or a classifier, whose
+        logits serve the warmup only: the manager refuses its generating requests)."""
         head_dim = self.layers[0].self_attn.head_dim
-        self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config)
-        self.init_common()
+        self.rotary = RotaryEmbedding(head_dim, rope_parameters(config), config,
+                                      parts.tensors.device)
+        self.init_common(parts)
 
-    def init_common(self) -> None:
-        """What every family of ours sets up alike (after self.spec)."""
+    def init_common(self, parts: ModelParts) -> None:
+        """What every family of ours sets up alike, last (after self.spec, the layers
+        and the head)."""
         self.sliding_window = self.spec.sliding_window
         self.layer_is_sliding = list(self.spec.layer_is_sliding)
-        self.executors = Executors()
-        """How steps may run besides the modules (executors.py): set once at load by
-        use_executors."""
-        self.kv_cache_dtype: torch.dtype | None = None
-        """The KV cache's element type the load plan chose (None: the device's
-        default); set by use_kv_cache_dtype."""
-        self.tp_group = None
-        """TensorParallelGroup when the weights are sharded over torchrun ranks; set by
-        use_tensor_parallel."""
+        self.kv_cache_dtype = parts.kv_cache_dtype
+        """The KV cache's element type the load plan chose (None: the device's default)."""
+        self.tp_group = parts.tp_group
+        """TensorParallelGroup when the weights are sharded over torchrun ranks."""
+        self.executors = parts.executors(self)
+        """How steps may run besides the modules (executors.py, executor_choice.py)."""
 
     def engine_spec(self) -> EngineModelSpec:
         """What the engine needs of this model (model_spec.py)."""
@@ -198,26 +224,6 @@ class LlamaFamilyForCausalLM(nn.Module):
             kv_cache_dtype=self.kv_cache_dtype, hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
             max_context=config.max_position_embeddings, num_labels=self.num_labels)
-
-    def use_kv_cache_dtype(self, dtype: torch.dtype | None) -> None:
-        """The KV cache's element type (load_plan.LoadPlan.kv_cache)."""
-        self.kv_cache_dtype = dtype
-
-    def use_tensor_parallel(self, group) -> None:
-        """This rank's group, once the weights are sharded (distributed/sharding.py)."""
-        self.tp_group = group
-
-    def use_executors(self, executors: Executors) -> None:
-        """The executors chosen for this model (executor_choice.py)."""
-        if executors.layers and len(executors.layers) != len(self.layers):
-            raise ValueError(f"executors for {len(executors.layers)} layers, model has "
-                             f"{len(self.layers)}")
-        self.executors = executors
-
-    def use_lm_head(self, head: nn.Module) -> None:
-        """The LM head's linear method (linear_base.py): any module mapping
-        [N, hidden] -> [N, vocab]."""
-        self.lm_head = head
 
     @property
     def num_kv_heads(self) -> int:
@@ -238,13 +244,15 @@ class LlamaFamilyForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata, backend: AttentionBackend,
-                layer_step=None) -> torch.Tensor:
+                layer_step=None, executors: Executors | None = None) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
         `backend` (the runner's). `layer_step`: see DecoderLayer.forward. The whole
-        stack's executor runs first where one serves the step, else layer by layer."""
+        stack's executor runs first where one serves the step, else layer by layer.
+        `executors`: in place of the model's own (a runner's, e.g. bench.step's layer
+        loop), or None."""
         hidden = self.embed(input_ids)
         full, sliding = self.rope_tables(positions, hidden.dtype)
-        executors = self.executors
+        executors = self.executors if executors is None else executors
         if executors.stacks and layer_step is None and backend.name == "torch":
             out = run_stack(executors, ModelStep(hidden, *full, kv_cache, meta,
                                                  sliding_rope=sliding))
@@ -265,74 +273,3 @@ class LlamaFamilyForCausalLM(nn.Module):
     def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 classification logits [N, num_labels] (classifiers only)."""
         return self.score(hidden).float()
-
-    def reset_buffers(self, device: torch.device) -> None:
-        """Rebuild non-checkpoint buffers (after meta-device construction)."""
-        self.rotary.reset(device)
-
-    # -- weights ---------------------------------------------------------------------
-    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
-        own = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in map_hf_names(state_dict, len(self.layers)):
-            if name not in own:
-                continue  # e.g. lm_head.weight of a tied model
-            param = own[name]
-            if param.shape != tensor.shape:
-                raise ValueError(f"weight {name}: expected shape {tuple(param.shape)}, "
-                                 f"got {tuple(tensor.shape)}")
-            with torch.no_grad():
-                param.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(own) - loaded)
-        if missing:
-            raise ValueError(f"weights missing from the checkpoint: {missing[:8]}")
-
-
-_FUSED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
-
-
-LAYER_PARTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight",
-               "mlp.down_proj.bias", "input_layernorm.weight", "post_attention_layernorm.weight",
-               "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-               "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
-
-
-def hf_weight_names(num_layers: int) -> list[str]:
-    """Every weight name a transformers checkpoint of the families we have code for
-    may hold, in transformers' naming (q, k, v and gate, up unfused)."""
-    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    for i in range(num_layers):
-        prefix = f"model.layers.{i}."
-        names += [f"{prefix}{part}.{kind}" for parts in _FUSED.values() for part in parts
-                  for kind in ("weight", "bias")]
-        names += [prefix + part for part in LAYER_PARTS]
-    return names
-
-
-def map_hf_names(state_dict: dict[str, torch.Tensor], num_layers: int):
-    """Yield (our_name, tensor): strip the `model.` prefix, concatenate the parts of
-    each fused projection along the output dimension (q, k, v / gate, up)."""
-    def get(name: str) -> torch.Tensor | None:
-        return state_dict.get(f"model.{name}", state_dict.get(name))
-
-    for suffix in ("embed_tokens.weight", "norm.weight"):
-        yield suffix, get(suffix)
-    for head in ("lm_head.weight", "score.weight"):
-        if head in state_dict:
-            yield head, state_dict[head]
-    for i in range(num_layers):
-        prefix = f"layers.{i}."
-        for fused, parts in _FUSED.items():
-            for kind in ("weight", "bias"):
-                tensors = [get(f"{prefix}{part}.{kind}") for part in parts]
-                if all(t is not None for t in tensors):
-                    yield f"{prefix}{fused}.{kind}", torch.cat(tensors, dim=0)
-        for part in LAYER_PARTS:
-            tensor = get(prefix + part)
-            if tensor is not None:
-                yield prefix + part, tensor

@@ -1,17 +1,19 @@
 """Which linear method (linear_base.py) each projection and the LM head of one of our
-models takes, chosen at load, and the one table the load log shows of it.
+models takes, chosen as the model is built (model_parts.py asks for each one), and
+the one table the load log shows of it.
 
 The choice follows the checkpoint and the dtype, in this order:
 
-    1. a GGUF checkpoint with the block kernels: its projections and head become
-       BlockLinear before any weight is loaded (block_install.use_blocks, run from
-       build_model's `prepare`, so weights the blocks serve are never made dense)
+    1. a GGUF checkpoint with the block kernels: the projections and head whose
+       blocks it holds are BlockLinear (no dense copy where the blocks serve every
+       step size)
     2. dtype bf16-weights / int8-weights: Bf16WeightLinear or Int8WeightLinear, and
-       their LM heads (mixed_precision.py)
+       their LM heads (mixed_precision.py); BlockLinear keeps a bf16 dense copy
+       where the native bf16 GEMM serves
     3. single-process CPU: every dense weight is packed for oneDNN (PackedLinear), and
        gated MLPs on bf16 pairs get their fused path (paired_mlp.py)
 
-`choose_linear_methods` runs steps 2 and 3 on the loaded model and logs the table:
+The table, logged once the model is built:
 
     projection  method                                      layers
     qkv         GGUF blocks Q4_K+Q6_K, no dense copy        24
@@ -21,68 +23,98 @@ The choice follows the checkpoint and the dtype, in this order:
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from .block_weights import FusedBlockMLP
+from .block_weights import BlockLinear, FusedBlockMLP
 from .linear_base import LinearMethod
-from .mixed_precision import use_bf16_weights, use_int8_weights
-from .packed_linear import PackedLinear, gate_pairs, pack_weight
-from .paired_mlp import use_paired_mlps
+from .mixed_precision import Bf16RescoredHead, Bf16WeightLinear, Int8WeightLinear
+from .packed_linear import PackedLinear, gate_pairs
+from .paired_mlp import PairedMLP
+from ..kernels.native import FUSED_ACTIVATIONS
 
-logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """The load plan's choices for the linear methods (load_plan.py)."""
+    weights: str | None = None
+    """load_plan.DtypeMode.weights: "bf16", "int8" or None (the activations' dtype)."""
+    pack: bool = False
+    """Pack dense weights for oneDNN (single-process CPU)."""
+    native_bf16: bool = False
+    """The native bf16 GEMM serves (bf16 dense copies of GGUF blocks pay)."""
+    block_kernels: Any = None
+    """The native kernels that serve a GGUF's blocks, or None (dense weights)."""
+    dense_table: bool = False
+    """Keep the fp32 embedding table and head beside their blocks (bf16-weights redoes
+    its head's best logits from it)."""
+    executor_kernels: Any = None
+    """The native kernels the layer executors run on (executor_choice.py), or None."""
+
+
+class DenseLinear(nn.Linear):
+    """nn.Linear on the checkpoint's tensors (no random init, no copy)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None,
+                 plan: LinearPlan) -> nn.Module:
+    """A projection on a dense weight [out, in] in the plan's method."""
+    if plan.weights == "bf16":
+        return Bf16WeightLinear(weight, bias, plan.pack)
+    if plan.weights == "int8":
+        return Int8WeightLinear(weight, bias)
+    packed = PackedLinear.from_weight(weight, bias) if plan.pack else None
+    return packed or DenseLinear(weight, bias)
+
+
+def block_linear(weight: torch.Tensor | None, bias: torch.Tensor | None, blocks: list,
+                 plan: LinearPlan) -> BlockLinear:
+    """A projection on a GGUF's blocks (`weight`: its dense copy for large steps, or
+    None where the blocks serve every step)."""
+    return BlockLinear(weight, bias, blocks, plan.block_kernels,
+                       bf16_dense=plan.weights == "bf16" and plan.native_bf16, pack=plan.pack)
+
+
+def head_method(blocks: BlockLinear | None, weight: torch.Tensor | None, tied: bool,
+                plan: LinearPlan) -> nn.Module | None:
+    """The LM head in the plan's method: on a GGUF's `blocks` where it has them, and
+    on `weight` [vocab, hidden] fp32 (the head's, or the embedding table's when
+    `tied`; None where only blocks hold it). None: the logits multiply the table."""
+    if plan.weights == "bf16" and (blocks is None or plan.native_bf16):
+        return Bf16RescoredHead(weight, blocks, plan.pack)
+    if plan.weights == "int8":
+        return Int8WeightLinear(weight, None)
+    if blocks is not None:
+        return blocks
+    packed = PackedLinear.from_weight(weight, None) if plan.pack else None
+    return packed or (None if tied else DenseLinear(weight, None))
+
+
+def mlp_path(gate_up: nn.Module, down: nn.Module, activation: str, plan: LinearPlan):
+    """A gated MLP's native path (layers.GatedMLP.fused), or None: one block-kernel call
+    where both projections are blocks, else the bf16 pairs' fused GEMM."""
+    if FusedBlockMLP.applies(gate_up, down, activation):
+        if gate_up.packed is not None:          # gate/up pairs for packed_gated
+            gate_pairs(gate_up.packed)
+        return FusedBlockMLP(gate_up, down, plan.block_kernels, FUSED_ACTIVATIONS[activation])
+    return PairedMLP.build(gate_up, down, activation) if plan.pack else None
+
 
 PROJECTIONS = {"qkv": lambda layer: layer.self_attn.qkv_proj,
                "o": lambda layer: layer.self_attn.o_proj,
                "gate_up": lambda layer: layer.mlp.gate_up_proj,
                "down": lambda layer: layer.mlp.down_proj}
 """A decoder layer's projections by kind."""
-
-
-def choose_linear_methods(model: nn.Module, weights: str | None, pack: bool,
-                          native_bf16: bool = False) -> None:
-    """Give the loaded model the methods of its dtype's `weights` (load_plan.DtypeMode:
-    "bf16", "int8" or None; `native_bf16`: the plan's, whether the native bf16 GEMM
-    serves) and, with `pack` (single-process CPU), pack its dense weights; then log
-    the table."""
-    if weights == "bf16":
-        use_bf16_weights(model, native_bf16)
-    elif weights == "int8":
-        use_int8_weights(model)
-    if pack:
-        pack_dense_weights(model)
-    logger.info("linear methods:\n%s", format_method_table(method_table(model)))
-
-
-def pack_dense_weights(model: nn.Module) -> int:
-    """Pack every dense projection that can be, the LM head included; returns how many
-    were packed."""
-    count = sum(1 for module in list(model.modules())
-                if isinstance(module, LinearMethod) and module.pack_dense())
-    for layer in model.layers:              # gated MLPs: gate/up pairs for packed_gated
-        fused = layer.mlp.fused
-        if isinstance(fused, FusedBlockMLP) and fused.gate_up.packed is not None:
-            gate_pairs(fused.gate_up.packed)
-    use_paired_mlps(model)
-    for layer in model.layers:
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    packed = PackedLinear.from_linear(child)
-                    if packed is not None:
-                        setattr(parent, name, packed)
-                        count += 1
-    head = model.lm_head
-    if head is None or type(head) is nn.Linear:
-        weight = model.embed_tokens.weight if head is None else head.weight
-        packed = pack_weight(weight)
-        if packed is not None:
-            model.use_lm_head(PackedLinear(packed, None, weight.shape[1], weight.shape[0]))
-            count += 1
-    return count
 
 
 def describe(module: nn.Module | None) -> str:
@@ -92,7 +124,7 @@ def describe(module: nn.Module | None) -> str:
     if module is None:
         return "the embedding table, dense"
     dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
-    kind = "dense" if type(module) is nn.Linear else type(module).__name__   # TP shards
+    kind = "dense" if isinstance(module, nn.Linear) else type(module).__name__   # TP shards
     return f"{kind} {dtype}"
 
 

@@ -12,7 +12,7 @@ The machines; on AVX2 the native GEMM widens them to fp32 in registers, reading 
 fp32's bytes) and returns fp32. On a GGUF model with block kernels, steps small enough for them (decode of up to
 BF16_KERNEL_ROWS requests) keep the exact fp32 block path: they are bound by reading
 weights, not by arithmetic, so bf16 would not speed them up. Without the native bf16
-GEMM (the generic levels, below AVX2 and NEON) the blocks keep every step (use_bf16_weights). The LM head computes
+GEMM (the generic levels, below AVX2 and NEON) the blocks keep every step (method_choice.py). The LM head computes
 bf16 logits and then recomputes each row's top RESCORED_CANDIDATES in fp32 (capping
 the others below them), so the greedy pick is fp32's whenever fp32's best token is
 among bf16's 16 best, and the likely tokens' logits are fp32's. Keeping the residual stream in fp32
@@ -34,25 +34,26 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .block_weights import BF16_KERNEL_ROWS
 from .linear_base import LinearMethod
-from .packed_linear import pack_in_place, packed_linear
+from .packed_linear import pack_weight, packed_linear
 
 class Bf16WeightLinear(LinearMethod):
     """A linear layer with bf16 weights and fp32 (or any) activations."""
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__(linear.in_features, linear.out_features)
-        self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(
-            linear.bias.detach().float(), requires_grad=False)
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        """weight [out, in], made bf16; with `pack`, packed for oneDNN where it can be
+        (packed_linear.py) and no unpacked copy kept."""
+        super().__init__(weight.shape[1], weight.shape[0])
+        bf16 = weight.detach().to(torch.bfloat16)
+        self.packed = pack_weight(bf16) if pack else None
+        self.weight = None if self.packed is not None else nn.Parameter(bf16, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(),
+                                                           requires_grad=False)
         """fp32, added to the fp32 product (Qwen2's qkv): no bf16 rounding between."""
 
     def describe(self) -> str:
         return "bf16 weights" + (", packed" if self.packed is not None else "")
-
-    def pack_dense(self) -> bool:
-        """Pack the bf16 weight for oneDNN and drop the unpacked one (packed_linear.py)."""
-        return pack_in_place(self, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -70,32 +71,34 @@ bf16's top 16 but in nearly flat rows (docs/cpu-kernels.md, RESCORED_CANDIDATES)
 
 class Bf16RescoredHead(LinearMethod):
     """LM head: bf16 logits for the whole vocabulary, then each row's top candidates
-    recomputed exactly from the fp32 weight. Rows up to its `max_rows` use
-    `exact_head` (a block-kernel head) when there is one."""
+    recomputed exactly from the fp32 weight. Steps of up to BF16_KERNEL_ROWS rows
+    (block_weights.py) use `exact_head` (a block-kernel head) when there is one."""
 
-    def __init__(self, weight: torch.Tensor, exact_head: nn.Module | None) -> None:
+    def __init__(self, weight: torch.Tensor, exact_head: nn.Module | None,
+                 pack: bool = False) -> None:
+        """`pack`: the bf16 copy packed for oneDNN where it can be, no unpacked one kept."""
         super().__init__(weight.shape[1], weight.shape[0])
         self.weight = weight                                   # [vocab, hidden] fp32, shared
-        self.register_buffer("weight_bf16", weight.detach().to(torch.bfloat16),
+        bf16 = weight.detach().to(torch.bfloat16)
+        self.packed = pack_weight(bf16) if pack else None
+        self.register_buffer("weight_bf16", None if self.packed is not None else bf16,
                              persistent=False)
         self.exact_head = exact_head
+        self.exact_rows = 0 if exact_head is None else min(BF16_KERNEL_ROWS, exact_head.max_rows)
+        """Steps of up to this many rows take `exact_head`."""
         from ..kernels import default_kernels
         self.kernels = default_kernels()
         """Native finish of the large steps (kernels/head_rescore.c), or None."""
 
-    def pack_dense(self) -> bool:
-        """Pack the bf16 copy for oneDNN and drop the unpacked one (packed_linear.py)."""
-        return pack_in_place(self, "weight_bf16")
-
     def describe(self) -> str:
         exact = "" if self.exact_head is None else (
-            f"; up to {self.exact_head.max_rows} rows GGUF blocks "
+            f"; up to {self.exact_rows} rows GGUF blocks "
             + "+".join(part.kind for part in self.exact_head.parts))
         return f"bf16 logits, top {RESCORED_CANDIDATES} redone in fp32{exact}"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] fp32 -> logits [N, vocab] fp32."""
-        if self.exact_head is not None and hidden.shape[0] <= self.exact_head.max_rows:
+        if hidden.shape[0] <= self.exact_rows:
             return self.exact_head(hidden)
         approx = (packed_linear(hidden.to(torch.bfloat16), self.packed) if self.packed is not None
                   else F.linear(hidden.to(torch.bfloat16), self.weight_bf16))  # [N, V] bf16
@@ -113,34 +116,6 @@ class Bf16RescoredHead(LinearMethod):
         # always an exactly recomputed candidate
         logits = torch.minimum(approx.float(), exact.min(dim=-1, keepdim=True).values)
         return logits.scatter_(1, candidates, exact)
-
-
-def use_bf16_weights(model: nn.Module, native_bf16: bool) -> nn.Module:
-    """In place: every nn.Linear inside the decoder layers becomes a Bf16WeightLinear,
-    every BlockLinear multiplies bf16 weights on the steps too large for its blocks,
-    the LM head is a Bf16RescoredHead, and the model asks for a bf16 KV cache. The
-    embedding table stays fp32. Without `native_bf16` (the load plan's: no native bf16
-    GEMM: the generic levels) bf16 products run on torch's loops, slower than the
-    block kernels at every step size: a GGUF's blocks and block head then stay as in
-    float32."""
-    from .block_weights import BF16_KERNEL_ROWS, BlockLinear
-
-    for layer in model.layers:
-        for parent in layer.modules():
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, Bf16WeightLinear(child))
-                elif isinstance(child, BlockLinear) and native_bf16:
-                    child.use_bf16_dense()
-    head = model.lm_head
-    exact_head = head if isinstance(head, BlockLinear) else None
-    if exact_head is None or native_bf16:
-        weight = model.embed_tokens.weight if head is None else head.weight
-        if exact_head is not None:
-            exact_head.max_rows = BF16_KERNEL_ROWS
-        model.use_lm_head(Bf16RescoredHead(weight, exact_head))
-    model.use_kv_cache_dtype(torch.bfloat16)
-    return model
 
 
 KERNEL_K_MULTIPLE = 16
@@ -180,16 +155,3 @@ class Int8WeightLinear(LinearMethod):
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], -1).to(x.dtype)
-
-
-def use_int8_weights(model: nn.Module) -> nn.Module:
-    """Swap the decoder layers' nn.Linear modules for Int8WeightLinear and give the LM
-    head an int8 copy of its weights (a tied embedding table stays bf16 for lookups)."""
-    for layer in model.layers:
-        for parent in layer.modules():
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, Int8WeightLinear(child.weight, child.bias))
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.use_lm_head(Int8WeightLinear(head, None))
-    return model

@@ -12,8 +12,8 @@ another order, as with any other BLAS). A packed weight is an opaque oneDNN tens
 only `packed_linear` reads it, it stays on the CPU, and it is kept as a plain
 attribute, not a parameter or buffer, so module-wide `.to()` / state_dict never meet it.
 
-method_choice.pack_dense_weights packs a model's dense weights at load, for
-single-process CPU models after their dtype is settled. Packed is as fast as F.linear
+method_choice.py packs a model's dense weights as it builds them, for single-process
+CPU models, in the dtype their mode gives them. Packed is as fast as F.linear
 at one row and faster from a few rows on.
 """
 
@@ -146,16 +146,6 @@ def packed_gated(x: torch.Tensor, gate_up: PackedWeight, kernels,
     return (kernels or gate_up.kernels).gated_activation(packed_linear(x, gate_up))
 
 
-def pack_in_place(module: nn.Module, name: str) -> bool:
-    """Pack `module.<name>` into `module.packed` and drop the unpacked tensor; False
-    (nothing changed) where packing does not apply."""
-    packed = pack_weight(getattr(module, name))
-    if packed is not None:
-        module.packed = packed
-        setattr(module, name, None)
-    return packed is not None
-
-
 @torch.library.custom_op("kvserve::packed_matmul", mutates_args=())
 def packed_matmul_op(flat: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """The packed product as an opaque op for torch.compile: inductor's own lowering of
@@ -223,11 +213,12 @@ class PackedLinear(LinearMethod):
         return f"dense {_dtype_name(self.packed.dtype)}, packed{pairs}"
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "PackedLinear | None":
-        packed = pack_weight(linear.weight)
-        if packed is None or (linear.bias is not None and linear.bias.dtype != linear.weight.dtype):
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> "PackedLinear | None":
+        """weight [out, in] packed, or None where packing does not apply."""
+        packed = pack_weight(weight)
+        if packed is None or (bias is not None and bias.dtype != weight.dtype):
             return None
-        return cls(packed, linear.bias, linear.in_features, linear.out_features)
+        return cls(packed, bias, weight.shape[1], weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = packed_linear(x.to(self.packed.dtype), self.packed)

@@ -46,16 +46,17 @@ class PairedMLP:
         kernels (BlockLinear.max_rows; 0 without blocks)."""
 
     @staticmethod
-    def build(mlp: nn.Module) -> "PairedMLP | None":
-        """Pair the MLP's gate/up in place and return its fused call, or None (and
-        nothing changed) where the MLP does not qualify."""
-        activation = FUSED_ACTIVATIONS.get(mlp.act_name)
-        gate_up, down = _bf16_paired(mlp.gate_up_proj), _bf16_paired(mlp.down_proj)
-        if activation is None or gate_up is None or down is None or mlp.fused is not None:
+    def build(gate_up_proj: nn.Module, down_proj: nn.Module,
+              act_name: str) -> "PairedMLP | None":
+        """Pair the gate/up projection's packed weight (as the MLP is built) and return
+        the MLP's fused call, or None (and nothing changed) where it does not qualify."""
+        activation = FUSED_ACTIVATIONS.get(act_name)
+        gate_up, down = _bf16_paired(gate_up_proj), _bf16_paired(down_proj)
+        if activation is None or gate_up is None or down is None:
             return None
         gate_pairs(gate_up)
         block_rows = max(m.max_rows if isinstance(m, BlockLinear) else 0
-                         for m in (mlp.gate_up_proj, mlp.down_proj))
+                         for m in (gate_up_proj, down_proj))
         return PairedMLP(gate_up, down, activation, block_rows) if gate_up.gated_inter else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -69,15 +70,3 @@ class PairedMLP:
         if activated is None:
             return None
         return packed_linear(activated, self.down, torch.float32)
-
-
-def use_paired_mlps(model: nn.Module) -> int:
-    """Give every qualifying GatedMLP of the model's layers a PairedMLP; returns how
-    many."""
-    count = 0
-    for layer in model.layers:
-        fused = PairedMLP.build(layer.mlp)
-        if fused is not None:
-            layer.mlp.use_fused(fused)
-            count += 1
-    return count

@@ -203,7 +203,7 @@ class TransformersCausalLM(nn.Module):
     positions, kv_cache, meta, backend)` -> final hidden states [T, hidden], `compute_logits`,
     and the cache's shape (`layers`, `num_kv_heads`, `head_dim`, sliding layers)."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: nn.Module, kv_cache_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         config = hf_model.config
         check_supported(config)
@@ -217,7 +217,7 @@ class TransformersCausalLM(nn.Module):
         self.sliding_window, self.layer_is_sliding = sliding_layers(config, probed)
         self.logit_traits = {name: float(getattr(config, name)) for name in LOGIT_TRAITS
                              if getattr(config, name, None) is not None}
-        self.kv_cache_dtype: torch.dtype | None = None
+        self.kv_cache_dtype = kv_cache_dtype
         """The KV cache's element type the load plan chose (None: the device's default)."""
         self.tp_group = None
         """Always None: transformers' modeling code is not sharded (load_plan refuses)."""
@@ -234,16 +234,12 @@ class TransformersCausalLM(nn.Module):
             intermediate_size=intermediate,
             max_context=getattr(config, "max_position_embeddings", None))
 
-    def use_kv_cache_dtype(self, dtype: torch.dtype | None) -> None:
-        """The KV cache's element type (load_plan.LoadPlan.kv_cache)."""
-        self.kv_cache_dtype = dtype
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache,
                 meta: AttentionMetadata, backend: AttentionBackend,
-                layer_step=None) -> torch.Tensor:
+                layer_step=None, executors=None) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden], attention by
-        `backend` (the runner's). `layer_step` (compiled layer steps) does not apply
-        to this path and is ignored."""
+        `backend` (the runner's). `layer_step` (compiled layer steps) and `executors`
+        (native layer paths) do not apply to this path and are ignored."""
         step = PagedStep(kv_cache, meta, backend, self.layer_is_sliding)
         with current_step(step):
             out = self.backbone(input_ids=input_ids[None], position_ids=positions[None],
@@ -262,12 +258,10 @@ class TransformersCausalLM(nn.Module):
             logits = logits / self.logit_traits["logits_scaling"]
         return logits.float()
 
-    def reset_buffers(self, device: torch.device) -> None:
-        """Nothing to rebuild: transformers made its buffers when it loaded."""
 
 
-def load_transformers_model(source: Any, dtype: torch.dtype,
-                            device: torch.device) -> TransformersCausalLM:
+def load_transformers_model(source: Any, dtype: torch.dtype, device: torch.device,
+                            kv_cache_dtype: torch.dtype | None) -> TransformersCausalLM:
     """`source`: a model directory, a GGUF file (transformers dequantizes it), or a
     transformers PreTrainedModel (copied, so the caller's model keeps its own
     attention implementation)."""
@@ -289,4 +283,4 @@ def load_transformers_model(source: Any, dtype: torch.dtype,
         except (ValueError, KeyError) as error:   # no causal-LM class for this config
             raise UnsupportedModelError(f"transformers cannot load {source} as a causal LM: "
                                         f"{error}") from error
-    return TransformersCausalLM(hf_model.eval())
+    return TransformersCausalLM(hf_model.eval(), kv_cache_dtype)

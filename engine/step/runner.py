@@ -37,17 +37,20 @@ class ModelRunner:
                  num_offload_blocks: int = 0, step_sync: StepSync | None = None,
                  decode_tables: DecodeTables | None = None, decode_graphs: str | None = None,
                  graph_interval: int = 0, compile_plan: CompilePlan | None = None,
-                 backend: AttentionBackend | None = None) -> None:
+                 backend: AttentionBackend | None = None, executors=None) -> None:
         """`decode_tables`: the decode fast path's table widths when it is on
         (decode_tables.py). `decode_graphs`: "capture" (CUDA graphs of fast-path decode
         steps), "eager" (the same padded static-buffer steps without graphs: tests) or
         None; they add one scratch block to the cache (cuda_graphs.py). `compile_plan`:
         which paths run compiled layer steps (compile_paths.py). `backend`: the
-        attention backend of every step (attention/backend.py's choice; None: torch)."""
+        attention backend of every step (attention/backend.py's choice; None: torch).
+        `executors`: the native layer paths in place of the model's own (models/
+        executors.py; bench.step's layer loop), or None."""
         parameter = next(model.parameters())
         self.model = model
         self.backend = backend or get_backend("torch")
         """Passed into each forward; the model holds no backend of its own."""
+        self.executors = executors
         self.step_sync = step_sync
         """Under tensor parallelism: the driver sends each step's plan through it,
         a follower runs `follow()` instead of `step()`."""
@@ -198,7 +201,7 @@ class ModelRunner:
             return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         step = self.decode_step if inputs.meta.decode_fast_path else self.varlen_step
         hidden = self.model(inputs.input_ids, inputs.positions, self.cache, inputs.meta,
-                            self.backend, layer_step=step)
+                            self.backend, layer_step=step, executors=self.executors)
         if step is not None and not step.failed:
             self.num_compiled_steps += 1
         return hidden

@@ -19,7 +19,7 @@ def test_matmul_bench_reports_both_paths(tmp_path):
         pytest.skip("no native bf16 GEMM on this CPU")
     from bench.matmul import main
 
-    serving = kernels.amx
+    serving = kernels.amx_enabled
     out = tmp_path / "matmul.json"
     report = main(["--rows", "8,33", "--shapes", "256x384", "--weights", "2", "--repeats", "1",
                    "--json", str(out)])
@@ -28,7 +28,7 @@ def test_matmul_bench_reports_both_paths(tmp_path):
     for row in report["results"]:
         assert row["native_gflops"] > 0 and row["fp32_gflops"] > 0
         assert ("onednn_gflops" in row) == onednn    # where oneDNN packs bf16 weights
-        assert ("amx_gflops" in row) == kernels.amx      # timed both ways where AMX serves
+        assert ("amx_gflops" in row) == kernels.amx_enabled      # timed both ways where AMX serves
         # the rates are rounded to 0.1 GFLOP/s, the ratios come from the raw times
         if onednn:
             assert row["native_over_onednn"] == pytest.approx(
@@ -36,4 +36,4 @@ def test_matmul_bench_reports_both_paths(tmp_path):
         assert row["native_over_fp32"] == pytest.approx(
             row["native_gflops"] / row["fp32_gflops"], rel=0.15)
     assert json.loads(out.read_text()) == report
-    assert kernels.amx == serving
+    assert kernels.amx_enabled == serving

@@ -37,12 +37,12 @@ def kernels(request):
     assert built is not None, "a C compiler is part of this project's CI machine"
     if built.bf16_gemm_kind != "avx512_bf16":
         pytest.skip("this CPU has no AVX512-BF16 (the widening tile serves it)")
-    serving = built.amx
-    if built.use_amx(request.param == "amx") != (request.param == "amx"):
-        built.use_amx(serving)
+    serving = built.amx_enabled
+    if built.enable_amx(request.param == "amx") != (request.param == "amx"):
+        built.enable_amx(serving)
         pytest.skip("this CPU (or its kernel) gives no AMX tiles")
     yield built
-    built.use_amx(serving)
+    built.enable_amx(serving)
 
 
 def test_pairs_layout_worked_example():
@@ -167,9 +167,9 @@ def test_amx_tiles_take_the_products_where_the_cpu_has_them():
     built = load_native_kernels()
     if built is None or not built.has_bf16_gemm:
         pytest.skip("this CPU has no AVX512-BF16")
-    serving = built.amx
+    serving = built.amx_enabled
     try:
-        if not built.use_amx(True):
+        if not built.enable_amx(True):
             pytest.skip("this CPU (or its kernel) gives no AMX tiles")
         generator = torch.Generator().manual_seed(21)
         results = {}
@@ -177,10 +177,10 @@ def test_amx_tiles_take_the_products_where_the_cpu_has_them():
             x = torch.randn(40, in_features, generator=generator).bfloat16()
             pairs = bf16_pairs(torch.randn(100, in_features, generator=generator).bfloat16())
             for amx in (True, False):
-                built.use_amx(amx)
+                built.enable_amx(amx)
                 results[in_features, amx] = built.bf16_gemm(x, pairs, 100, torch.float32)
         assert not torch.equal(results[576, True], results[576, False])
         torch.testing.assert_close(results[576, True], results[576, False], rtol=1e-5, atol=1e-4)
         assert torch.equal(results[130, True], results[130, False])
     finally:
-        built.use_amx(serving)
+        built.enable_amx(serving)

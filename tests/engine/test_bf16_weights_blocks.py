@@ -36,9 +36,8 @@ def kernels():
 def test_bf16_dense_block_linear_is_exact_on_small_steps_only(kernels, rows):
     blocks = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 96, 576, seed=rows))
     weight = blocks.dequantize()
-    exact = BlockLinear(None, weight, blocks, kernels)
-    mixed = BlockLinear(None, weight, blocks, kernels)
-    mixed.use_bf16_dense()
+    exact = BlockLinear(weight, None, blocks, kernels)
+    mixed = BlockLinear(weight, None, blocks, kernels, bf16_dense=True)
     x = torch.randn(rows, 576)
     got = mixed(x)
     assert got.dtype == torch.float32
@@ -102,9 +101,9 @@ def test_native_head_finish_equals_the_torch_ops(kernels):
 def test_rescored_head_hands_small_steps_to_the_exact_head(kernels):
     blocks = parse_blocks("Q8_0", random_gguf_bytes("Q8_0", 200, 64, seed=3))
     weight = blocks.dequantize()
-    exact = BlockLinear(None, weight, blocks, kernels)
-    exact.max_rows = BF16_KERNEL_ROWS
+    exact = BlockLinear(weight, None, blocks, kernels)
     head = Bf16RescoredHead(weight, exact)
+    assert head.exact_rows == BF16_KERNEL_ROWS
     small = torch.randn(BF16_KERNEL_ROWS, 64)
     assert torch.equal(head(small), exact(small))
     large = torch.randn(BF16_KERNEL_ROWS + 1, 64)
@@ -205,18 +204,15 @@ def test_large_steps_of_the_fused_mlp_run_on_packed_weights(kernels, bf16):
     from engine.models.layers import GatedMLP
 
     hidden, inter, rows = 64, 96, block_kernel_rows() + 1     # past the kernels' steps
-    mlp = GatedMLP(hidden, inter, "silu", bias=False)
     gate_up = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", 2 * inter, hidden, seed=1))
     down = parse_blocks("Q4_1", random_gguf_bytes("Q4_1", hidden, inter, seed=2))
-    mlp.gate_up_proj = BlockLinear(None, gate_up.dequantize(), gate_up, kernels)
-    mlp.down_proj = BlockLinear(None, down.dequantize(), down, kernels)
     x = torch.randn(rows, hidden)
-    want = mlp(x)                                   # modules, unpacked fp32 weights
-    for projection in (mlp.gate_up_proj, mlp.down_proj):
-        if bf16:
-            projection.use_bf16_dense()
-        assert projection.pack_dense()
-    mlp.use_fused(FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels))
+    want = GatedMLP(BlockLinear(gate_up.dequantize(), None, gate_up, kernels),   # modules,
+                    BlockLinear(down.dequantize(), None, down, kernels), "silu")(x)   # fp32
+    packed = [BlockLinear(blocks.dequantize(), None, blocks, kernels, bf16_dense=bf16, pack=True)
+              for blocks in (gate_up, down)]
+    assert all(projection.packed is not None for projection in packed)
+    mlp = GatedMLP(*packed, "silu", FusedBlockMLP(*packed, kernels))
     got = mlp(x)
     assert got.dtype == torch.float32 and rows > mlp.gate_up_proj.max_rows
     if bf16:

@@ -100,7 +100,7 @@ def test_a_fused_projection_of_mixed_forms_writes_each_part_into_its_columns(ker
     parts = [parse_blocks(kind, torch.from_numpy(random_blocks(kind, n, 256, seed=n).copy()))
              for kind, n in ((qk_kind, 48), (qk_kind, 16), ("Q6_K", 16))]
     weight = torch.cat([p.dequantize() for p in parts])
-    layer = BlockLinear(None, weight, parts, kernels)
+    layer = BlockLinear(weight, None, parts, kernels)
     assert layer.kind == "mixed" and [p.kind for p in layer.parts] == [FORM_OF[qk_kind], "Q8_16"]
     assert layer.parts[0].codes.shape[0] == 64               # q and k joined
     for rows in (1, 3, layer.max_rows + 1):

@@ -68,7 +68,7 @@ def test_parsed_blocks_dequantize_as_the_gguf_formula():
 def test_block_linear_equals_the_dense_matmul(kernels, kind, rows):
     blocks = parse_blocks(kind, random_gguf_bytes(kind, 96, 576, seed=rows))
     weight = blocks.dequantize()
-    layer = BlockLinear(None, weight, blocks, kernels)
+    layer = BlockLinear(weight, None, blocks, kernels)
     x = torch.randn(rows, 576)
     got, want = layer(x), F.linear(x, weight)
     assert_within_rounding(got, want, x, weight)
@@ -81,7 +81,7 @@ def test_fused_blocks_keep_their_row_order(kernels):
     parts = [parse_blocks("Q4_1", random_gguf_bytes("Q4_1", n, 64, seed=n)) for n in (32, 16)]
     fused = concat(parts)
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
-    layer = BlockLinear(None, fused.dequantize(), fused, kernels)
+    layer = BlockLinear(fused.dequantize(), None, fused, kernels)
     x = torch.randn(2, 64)
     assert_within_rounding(layer(x), x @ fused.dequantize().T, x, fused.dequantize())
 
@@ -92,7 +92,7 @@ def block_linear(kernels, kinds: list[str], rows: int, cols: int, seed: int) -> 
     parts = [parse_blocks(kind, random_gguf_bytes(kind, rows // len(kinds), cols, seed + i))
              for i, kind in enumerate(kinds)]
     weight = torch.cat([part.dequantize() for part in parts])
-    return BlockLinear(None, weight, parts if len(parts) > 1 else parts[0], kernels)
+    return BlockLinear(weight, None, parts if len(parts) > 1 else parts[0], kernels)
 
 
 @pytest.mark.parametrize("kinds", [(["Q4_1"], ["Q4_1"]), (["Q8_0"], ["Q4_1"]),
@@ -105,16 +105,14 @@ def test_fused_mlp_equals_the_two_projections(kernels, rows, kinds, act):
     sweep) and for other kinds and mixed ones (gate and up products, then the
     activation; Gemma's GELU-tanh in C against torch's)."""
     hidden, inter = 64, 96
-    mlp = GatedMLP(hidden, inter, act, bias=False)
-    mlp.gate_up_proj = block_linear(kernels, kinds[0], 2 * inter, hidden, seed=1)
-    mlp.down_proj = block_linear(kernels, kinds[1], hidden, inter, seed=5)
-    assert mlp.gate_up_proj.kind == (kinds[0][0] if len(kinds[0]) == 1 else "mixed")
-    assert FusedBlockMLP.applies(mlp)
+    gate_up = block_linear(kernels, kinds[0], 2 * inter, hidden, seed=1)
+    down = block_linear(kernels, kinds[1], hidden, inter, seed=5)
+    assert gate_up.kind == (kinds[0][0] if len(kinds[0]) == 1 else "mixed")
+    assert FusedBlockMLP.applies(gate_up, down, act)
     x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
-    unfused = mlp(x)
-    mlp.use_fused(FusedBlockMLP(mlp.gate_up_proj, mlp.down_proj, kernels,
-                                FUSED_ACTIVATIONS[act]))
-    fused = mlp(x)
+    unfused = GatedMLP(gate_up, down, act)(x)
+    fused = GatedMLP(gate_up, down, act, FusedBlockMLP(gate_up, down, kernels,
+                                                       FUSED_ACTIVATIONS[act]))(x)
     if rows > KERNEL_ROWS:                       # not a step for the kernel: same path
         assert torch.equal(fused, unfused)
     else:

@@ -199,7 +199,7 @@ def test_packed_linear_equals_nn_linear_with_its_bias():
 
     linear = torch.nn.Linear(64, 48)
     torch.nn.init.normal_(linear.bias)
-    packed = PackedLinear.from_linear(linear)
+    packed = PackedLinear.from_weight(linear.weight.detach(), linear.bias.detach())
     x = torch.randn(3, 5, 64)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-4)

@@ -49,11 +49,10 @@ class StepRuns:
 
     def __init__(self, model, batch: ScheduledBatch, seed: int = 1, cache_dtype=None) -> None:
         self.module = module = model.module
-        saved_dtype = module.kv_cache_dtype
-        if cache_dtype is not None:
-            module.use_kv_cache_dtype(cache_dtype)
-        self.runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
-        module.use_kv_cache_dtype(saved_dtype)
+        with pytest.MonkeyPatch.context() as patch:   # the runner's cache in `cache_dtype`
+            if cache_dtype is not None:
+                patch.setattr(module, "kv_cache_dtype", cache_dtype)
+            self.runner = ModelRunner(module, CacheSizing(NUM_BLOCKS, PAGE, 4096, 64, 0), seed=0)
         generator = torch.Generator().manual_seed(seed)
         self.caches = self.runner.cache.key_caches + self.runner.cache.value_caches
         for cache in self.caches:

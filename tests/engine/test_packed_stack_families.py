@@ -18,6 +18,7 @@ import torch
 
 from engine import ContinuousBatchingConfig, GenerationConfig, load_model
 from engine.models.block_weights import BF16_KERNEL_ROWS
+from engine.models.layers import GatedMLP
 from engine.models.packed_stack import PackedStack
 from engine.models.paired_mlp import PairedMLP
 
@@ -134,12 +135,7 @@ def test_paired_mlp_equals_the_unfused_modules(models, family):
     assert isinstance(mlp.fused, PairedMLP)
     x = torch.randn(6, models[family].config.hidden_size, generator=torch.Generator().manual_seed(1))
     fused = mlp(x)
-    saved = mlp.fused
-    mlp.use_fused(None)
-    try:
-        unfused = mlp(x)
-    finally:
-        mlp.use_fused(saved)
+    unfused = GatedMLP(mlp.gate_up_proj, mlp.down_proj, mlp.act_name)(x)   # no native path
     torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=2e-3)
     assert (fused - unfused).abs().max() < 0.02 * unfused.abs().max()
 
@@ -163,13 +159,8 @@ def test_paired_mlp_leaves_block_kernel_steps_to_the_blocks():
     exact block kernels: a PairedMLP built there declines them."""
 
     model = load_model("smollm2-135m-instruct", dtype="bf16-weights", progress=False)
-    mlp = model.module.layers[0].mlp
-    saved = mlp.fused                             # (a FusedBlockMLP serves it normally)
-    mlp.use_fused(None)
-    try:
-        paired = PairedMLP.build(mlp)
-    finally:
-        mlp.use_fused(saved)
+    mlp = model.module.layers[0].mlp              # (a FusedBlockMLP serves it normally)
+    paired = PairedMLP.build(mlp.gate_up_proj, mlp.down_proj, mlp.act_name)
     assert paired is not None and paired.block_rows == BF16_KERNEL_ROWS
     hidden = model.config.hidden_size
     assert paired(torch.randn(BF16_KERNEL_ROWS, hidden)) is None
