@@ -56,7 +56,7 @@ def _head(model: nn.Module) -> tuple[nn.Module | None, torch.Tensor | None]:
     """The LM head's linear method (None: a plain matmul on `weight`, the embedding
     table's or an nn.Linear's) and that dense weight (None with a method)."""
     head = model.lm_head
-    if head is None or type(head) is nn.Linear:
+    if head is None or isinstance(head, nn.Linear):
         return None, (model.embed_tokens if head is None else head).weight
     return head, None
 

@@ -32,6 +32,12 @@ class AttentionBackend(Protocol):
         CPU kernel serves the model's head size."""
         ...
 
+    def decode_gather(self, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                      page_size: int, window: int | None, dtype: torch.dtype):
+        """What its fixed-table decode reads besides the tables, built once per step
+        with them (FixedTableMetadata.gather; attention in `dtype`), or None."""
+        ...
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 @dataclass(frozen=True)
 class TableGather:
     """What every layer of one decode step gathers and masks by: the same for all
-    layers of an attention group, so built once per step (`AttentionMetadata.derive`)
-    instead of in every layer (its indices and mask took four kernels a layer, and SDPA
+    layers of an attention group, so built once per step with the tables
+    (FixedTableMetadata.gather) instead of in every layer (its indices and mask took four kernels a layer, and SDPA
     turns a bool mask into an additive one with three more on every call)."""
 
     blocks: torch.Tensor       # [B, W] long: the block table as gather indices

@@ -109,6 +109,11 @@ class FlashPagedAttention:
         per-row queries are not for it."""
         return FlashMetadataBuilder(page_size)
 
+    @staticmethod
+    def decode_gather(seq_lens, block_table, page_size, window, dtype) -> None:
+        """flash_attn_with_kvcache reads the block table itself."""
+        return None
+
     def __init__(self, functions: FlashFunctions | None = None) -> None:
         functions = functions or load_flash_functions()
         if functions is None:

@@ -30,7 +30,7 @@ goes to block_ids[p // page_size] * page_size + p % page_size of the flattened
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import torch
@@ -66,20 +66,6 @@ class AttentionMetadata:
     decode_fast_path: ClassVar[bool] = False
     """Whether steps of this type are decode-only over fixed-width tables (a trait of
     the type: FixedTableMetadata's)."""
-    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Tensors a backend derives from the fields above, the same for every layer of
-    the step (the decode fast path's gather indices and mask): built by the first
-    layer that needs them, reused by the rest. Fresh on every object, so a
-    `dataclasses.replace` copy never sees another step's."""
-
-    def derive(self, key: str, build: Callable[[], Any]) -> Any:
-        """`build()`, once per step and key. Inside torch.compile it is just `build()`:
-        a compiled layer must not depend on what an earlier layer stored."""
-        if torch.compiler.is_compiling():
-            return build()
-        if key not in self.derived:
-            self.derived[key] = build()
-        return self.derived[key]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +104,10 @@ class FixedTableMetadata(AttentionMetadata):
     """[R, W] int32, row r the block ids of request r, padded with block 0 to the
     width decode_tables.py chose for the step (never read: past the request's length,
     or outside its window; released sliding blocks are 0 too)."""
+    gather: Any = None
+    """The backend's per-step gather indices and mask over the tables, built once per
+    step with the tables (the backend's `decode_gather`: the torch backend's
+    TableGather, fixed_table_decode.py), or None (flash reads the tables itself)."""
     decode_fast_path: ClassVar[bool] = True
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fixed_table_decode import attention_dtype, fixed_table_decode, table_gather
+from .fixed_table_decode import TableGather, attention_dtype, fixed_table_decode, table_gather
 from .metadata import AttentionMetadata, FixedTableMetadata, TorchMetadata
 from .native_prefill import attend_chunk, prefill_kernels
 from .torch_metadata import TorchMetadataBuilder
@@ -57,6 +57,12 @@ class TorchPagedAttention:
         the head size (torch_metadata.py)."""
         return TorchMetadataBuilder(page_size, step_queries)
 
+    @staticmethod
+    def decode_gather(seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
+                      window: int | None, dtype: torch.dtype) -> TableGather:
+        """The fixed-table decode's gather indices and mask (fixed_table_decode.py)."""
+        return table_gather(seq_lens, block_table, page_size, dtype, window)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, cache_written: bool = False) -> torch.Tensor:
@@ -68,9 +74,9 @@ class TorchPagedAttention:
             flat_values.index_copy_(0, meta.slot_mapping, value.to(flat_values.dtype))
 
         if isinstance(meta, FixedTableMetadata):     # graph-friendly shapes
-            gather = meta.derive("table_gather", lambda: table_gather(
+            gather = meta.gather if meta.gather is not None else table_gather(
                 meta.seq_lens_k, meta.block_table, key_cache.shape[1],
-                attention_dtype(query, key_cache), meta.window))
+                attention_dtype(query, key_cache), meta.window)
             return fixed_table_decode(query, key_cache, value_cache, meta.seq_lens_k,
                                       meta.block_table, scale, meta.window, gather)
         if not isinstance(meta, TorchMetadata):

@@ -60,10 +60,6 @@ class PagedKVCache:
         element_size = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * page_size * num_kv_heads * head_dim * element_size
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.key_caches + self.value_caches)
-
     def release(self) -> None:
         """Drop the tensors (the manager's destroy)."""
         self.key_caches = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
 
 SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
 CLASSIFIER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -46,8 +45,3 @@ def check_classifier_family(config: Any) -> None:
         raise UnsupportedClassifierError(
             f"sequence-classification checkpoints of model_type {model_type!r} are not "
             f"supported; the engine serves those of {', '.join(sorted(CLASSIFIER_MODEL_TYPES))}")
-
-
-def score_head(hidden_size: int, num_labels: int | None) -> nn.Linear | None:
-    """The `score` layer of a classifier with `num_labels` labels (None: no head)."""
-    return None if num_labels is None else nn.Linear(hidden_size, num_labels, bias=False)

@@ -14,8 +14,8 @@ runs it:
 Each executor answers `fits(step)` (this step's rows, dtypes, cache layout and
 attention metadata are ones it runs) and `run(step)` (the output; called only after
 `fits` said yes on the same step). Which executors a model has is chosen once at load
-(executor_choice.py) and handed to the model with `use_executors`; nothing else is
-attached to the modules. A traced step (compile_paths.py's layer_step) and attention
+(executor_choice.py), as the last part of the model's construction
+(model_parts.py); a runner may pass others for its steps (bench.step's layer loop). A traced step (compile_paths.py's layer_step) and attention
 backends other than torch's always take the torch loop.
 """
 

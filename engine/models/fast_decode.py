@@ -148,19 +148,14 @@ def _bound_to(entries, layer_indices: list[int], shape: BlockStackShape,
 
 def _step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, rows: int, head_dim: int) -> bool:
     """The group's step is decode-only, `rows` rows, and the tensors the native calls
-    read for it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths).
-    Every layer of a step shares its group's metadata and rotary tables, so the
-    verdict is derived once per step and group (AttentionMetadata.derive)."""
-    if not isinstance(meta, TorchMetadata):
-        return False
-    verdict = meta.derive("fast_decode_fits", lambda: (
-        not meta.prefills and meta.decode_lengths is not None
-        and cos.shape == sin.shape == (cos.shape[0], head_dim)
-        and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
-        and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
-                for t in (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths))
-        and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == cos.shape[0]))
-    return verdict and cos.shape[0] == rows
+    read for it are contiguous CPU fp32 (cos, sin [T, D]) or int64 (slots, lengths)."""
+    return (isinstance(meta, TorchMetadata) and not meta.prefills
+            and meta.decode_lengths is not None and cos.shape[0] == rows
+            and cos.shape == sin.shape == (rows, head_dim)
+            and _is_cpu_fp32(cos) and _is_cpu_fp32(sin)
+            and all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous()
+                    for t in (meta.slot_mapping, meta.decode_kv_slots, meta.decode_lengths))
+            and meta.decode_kv_slots.shape[0] == meta.decode_lengths.shape[0] == rows)
 
 
 def _group(meta, cos: torch.Tensor, sin: torch.Tensor) -> BlockStackGroup:

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.metadata import AttentionMetadata
 from .layer_spec import LayerSpec
-from .layers import RotaryEmbedding, apply_rotary, rope_parameters
+from .layers import RotaryEmbedding, rope_parameters
 from .llama import Attention, DecoderLayer, LlamaFamilyForCausalLM, gated_mlp, layer_norm
 from .model_parts import ModelParts
 
@@ -31,6 +30,7 @@ def gemma3_spec(config: Any) -> LayerSpec:
     sliding = tuple(t == SLIDING for t in config.layer_types)
     return LayerSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True,
                      sandwich_norms=True, norm_offset=1.0,
+                     attention_scale=config.query_pre_attn_scalar ** -0.5,
                      activation=config.hidden_activation, layer_is_sliding=sliding,
                      sliding_window=int(config.sliding_window) if any(sliding) else None)
 
@@ -48,28 +48,6 @@ def layer_rope_parameters(config: Any, layer_type: str) -> dict:
     return merged
 
 
-class Gemma3Attention(Attention):
-    """Llama's attention traits, built the same way (q/k norms always), scaled by
-    query_pre_attn_scalar ** -0.5, with its own forward."""
-
-    def __init__(self, config: Any, spec: LayerSpec, layer_idx: int, parts: ModelParts) -> None:
-        super().__init__(config, spec, layer_idx, parts)
-        self.scale = config.query_pre_attn_scalar ** -0.5
-
-    def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata,
-                backend):
-        """hidden [T, hidden]; key_cache, value_cache: this layer's pages."""
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))      # [T, H, D]
-        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))   # [T, KVH, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        group_meta = meta.sliding if self.is_sliding else meta
-        out = backend.forward(q, k, v, key_cache, value_cache, group_meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-
 class Gemma3DecoderLayer(DecoderLayer):
     """Llama's layer dispatch (DecoderLayer.forward) over Gemma's modules."""
 
@@ -77,7 +55,7 @@ class Gemma3DecoderLayer(DecoderLayer):
         nn.Module.__init__(self)
         self.spec = spec
         self.is_sliding = spec.layer_is_sliding[layer_idx]
-        self.self_attn = Gemma3Attention(config, spec, layer_idx, parts)
+        self.self_attn = Attention(config, spec, layer_idx, parts)
         self.mlp = gated_mlp(config, spec, parts, layer_idx)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):

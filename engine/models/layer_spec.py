@@ -55,6 +55,9 @@ class LayerSpec:
     """Per layer: whether it attends to the last `sliding_window` positions only."""
     sliding_window: int | None
     """None where no layer slides."""
+    attention_scale: float | None = None
+    """What q.k is multiplied by (Gemma 3: query_pre_attn_scalar ** -0.5); None:
+    head_dim ** -0.5."""
 
     def __post_init__(self) -> None:
         if self.norm_offset not in (0.0, 1.0):

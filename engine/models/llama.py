@@ -55,7 +55,7 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = spec.attention_scale or self.head_dim ** -0.5
         prefix, hidden = f"layers.{layer_idx}.self_attn.", config.hidden_size
         self.qkv_proj = parts.linear(prefix + "qkv_proj", hidden, self.q_size + 2 * self.kv_size,
                                      spec.qkv_bias)

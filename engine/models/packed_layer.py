@@ -115,14 +115,11 @@ class PackedLayer:
 def step_fits(meta, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                value_cache: torch.Tensor) -> bool:
     """The rotary tables cover whole heads as contiguous CPU fp32, the slots are
-    contiguous int64, and the caches are contiguous fp32 or bf16 of one dtype. Every
-    layer of a step shares its metadata, rotary tables and cache layout, so the
-    verdict is derived once per step (AttentionMetadata.derive)."""
+    contiguous int64, and the caches are contiguous fp32 or bf16 of one dtype."""
     head_dim = key_cache.shape[-1]
-    return meta.derive("packed_step_fits", lambda: (
-        cos.shape == sin.shape == (cos.shape[0], head_dim)
-        and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                for t in (cos, sin))
-        and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
-        and key_cache.dtype == value_cache.dtype and key_cache.dtype in PACKED_DTYPES
-        and key_cache.is_contiguous() and value_cache.is_contiguous()))
+    return (cos.shape == sin.shape == (cos.shape[0], head_dim)
+            and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                    for t in (cos, sin))
+            and meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
+            and key_cache.dtype == value_cache.dtype and key_cache.dtype in PACKED_DTYPES
+            and key_cache.is_contiguous() and value_cache.is_contiguous())

@@ -206,7 +206,7 @@ class PackedLinear(LinearMethod):
                  in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features)
         self.packed = packed
-        self.bias = bias
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def describe(self) -> str:
         pairs = " + bf16 pairs" if self.packed.pairs is not None else ""

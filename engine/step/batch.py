@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..attention.backend import AttentionBackend
 from ..attention.metadata import (AttentionMetadata, BlocksOf, FixedTableMetadata,
                                   MetadataBuilder, block_table, common_fields)
 from ..core.requests import RequestState
@@ -54,19 +55,24 @@ class AttentionGroups:
 class FastPathBuilder:
     """The decode fast path over another builder: decode-only steps whose requests
     fit `tables` get fixed-width tables (FixedTableMetadata), whatever the backend;
-    the others go to `varlen`."""
+    the others go to `varlen`. `backend` adds its per-step gather (its attention in
+    `attention_dtype`)."""
     varlen: MetadataBuilder
     tables: DecodeTables
     page_size: int
+    backend: AttentionBackend
+    attention_dtype: torch.dtype
 
     def build(self, batch: ScheduledBatch, window: int | None, blocks_of: BlocksOf,
               device: torch.device) -> AttentionMetadata:
         width = _fast_path_width(batch, blocks_of, self.tables, self.page_size)
         if width is None:
             return self.varlen.build(batch, window, blocks_of, device)
-        return FixedTableMetadata(**common_fields(batch, self.page_size, device, window,
-                                                  blocks_of),
-                                  block_table=block_table(batch, blocks_of, width, device))
+        fields = common_fields(batch, self.page_size, device, window, blocks_of)
+        table = block_table(batch, blocks_of, width, device)
+        gather = self.backend.decode_gather(fields["seq_lens_k"], table, self.page_size,
+                                            window, self.attention_dtype)
+        return FixedTableMetadata(**fields, block_table=table, gather=gather)
 
 
 def build_step_inputs(batch: ScheduledBatch, device: torch.device, builder: MetadataBuilder,

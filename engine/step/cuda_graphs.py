@@ -71,13 +71,14 @@ def graph_batch_sizes(max_requests: int, interval: int = 0) -> list[int]:
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, cache, max_requests: int, tables: DecodeTables,
                  scratch_block: int, interval: int = 0, capture: bool = True,
-                 layer_step=None, backend=None) -> None:
+                 layer_step=None, backend=None,
+                 attention_dtype: torch.dtype = torch.float32) -> None:
         """`tables`: the decode fast path's width policy. `layer_step`: the decode
         path's compiled layer step (compile_paths.py), which the graphs then record, or
         None. `backend`: the runner's attention backend, which the recorded forwards
-        call."""
+        call (its per-step gather in `attention_dtype`)."""
         self.model, self.cache, self.capture = model, cache, capture
-        self.backend = backend
+        self.backend, self.attention_dtype = backend, attention_dtype
         self.layer_step = layer_step
         self.tables = tables
         self.sizes = graph_batch_sizes(min(max_requests, MAX_BUCKET), interval)
@@ -168,13 +169,16 @@ class DecodeGraphs:
         self.block_table[start:end] = self.scratch_block
 
     def _meta(self, size: int, width: int) -> FixedTableMetadata:
-        """A new object on every call, inside each recorded forward: what the layers
-        derive from it (AttentionMetadata.derive) is then built in the graph too, and a
-        recording never reuses tensors an earlier pass derived."""
+        """A new object on every call, inside each recorded forward: the backend's
+        per-step gather is then built in the graph too, from the static buffers, and a
+        recording never reuses tensors an earlier pass built."""
+        seq_lens, table = self.seq_lens[:size], self.block_table[:size, :width]
+        gather = self.backend.decode_gather(seq_lens, table, self.cache.page_size, None,
+                                            self.attention_dtype)
         return FixedTableMetadata(
             slot_mapping=self.slot_mapping[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
-            seq_lens_k=self.seq_lens[:size], page_size=self.cache.page_size,
-            block_table=self.block_table[:size, :width])
+            seq_lens_k=seq_lens, page_size=self.cache.page_size, block_table=table,
+            gather=gather)
 
     def _forward(self, size: int, width: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.cache,

@@ -75,8 +75,9 @@ class ModelRunner:
         step_queries = (self.native_kernels is not None
                         and self.native_kernels.vector_attention(spec.head_dim))
         builder = self.backend.metadata_builder(sizing.page_size, step_queries)
+        attention_dtype = torch.promote_types(self.dtype, self.kv_dtype)
         self.metadata_builder = builder if decode_tables is None else FastPathBuilder(
-            builder, decode_tables, sizing.page_size)
+            builder, decode_tables, sizing.page_size, self.backend, attention_dtype)
         """Each step's attention metadata: the backend's builder, under the decode fast
         path's when it is on."""
         self.varlen_step, self.decode_step = compiled_steps(compile_plan or CompilePlan())
@@ -86,7 +87,7 @@ class ModelRunner:
             model, self.cache, sizing.max_requests_per_batch, decode_tables,
             scratch_block=sizing.num_blocks, interval=graph_interval,
             capture=decode_graphs == "capture", layer_step=self.decode_step,
-            backend=self.backend)
+            backend=self.backend, attention_dtype=attention_dtype)
 
     def _set_threads_for(self, num_tokens: int) -> None:
         """On CPU, steps of a few tokens run faster on one intra-op thread: their

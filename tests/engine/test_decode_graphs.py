@@ -6,7 +6,6 @@ and replays real graphs where there is a GPU."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from engine.attention.backend import get_backend
 from engine.attention.fixed_table_decode import fixed_table_decode, table_gather
 from engine.attention.metadata import FixedTableMetadata
 from engine.attention.flash_backend import FlashPagedAttention
+from engine.step.batch import FastPathBuilder
 from engine.step.compile_paths import CompilePlan, CompileSettings
 from engine.step.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.step.decode_tables import DecodeTables, decode_tables_for
@@ -125,29 +125,30 @@ def test_fixed_table_decode_follows_the_kvcache_contract(window):
         got, atol=0, rtol=0)
 
 
-def test_derived_tensors_live_for_one_step_object():
-    """meta.derive builds a value once per metadata object; a replaced copy (another
-    step's view of it) starts empty, so it never reads a stale gather."""
-    meta = FixedTableMetadata(
-        slot_mapping=torch.zeros(2, dtype=torch.long), cu_seqlens_q=torch.arange(3),
-        seq_lens_k=torch.ones(2, dtype=torch.int32), page_size=PAGE,
-        block_table=torch.zeros(2, 1, dtype=torch.int32))
-    builds = []
-    first = meta.derive("key", lambda: builds.append(1) or torch.ones(1))
-    assert meta.derive("key", lambda: builds.append(1) or torch.zeros(1)) is first
-    assert len(builds) == 1
-    copy = dataclasses.replace(meta, block_table=torch.ones(2, 2, dtype=torch.int32))
-    assert copy.derived == {} and copy.derive("key", lambda: torch.zeros(1)).item() == 0
-
-    # inside a compiled layer it builds every time and stores nothing: a compiled copy
-    # serves every layer and must not read what an earlier layer left
-    fresh = dataclasses.replace(meta)
-
-    def layer(x):
-        return x + fresh.derive("key", lambda: fresh.seq_lens_k.float().sum())
-
-    assert torch.compile(layer, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 2
-    assert fresh.derived == {}
+def test_fast_path_steps_carry_their_backends_gather():
+    """The fast path's metadata is built whole per step: the torch backend's gather
+    indices and mask come with the tables (every layer reads the same ones), and the
+    flash backend, which reads the tables itself, gets none."""
+    requests = []
+    allocator = BlockAllocator(NUM_BLOCKS)
+    for index, length in enumerate((5, 300)):
+        request = RequestState(f"r{index}", [3] * length, 4, (), SamplingParams())
+        request.block_ids = allocator.allocate(2)
+        requests.append(request)
+    batch = _decode_step(requests)
+    for backend in (get_backend("torch"), FlashPagedAttention(CountingFunctions().functions())):
+        builder = FastPathBuilder(backend.metadata_builder(PAGE), DecodeTables(2), PAGE,
+                                  backend, torch.float32)
+        meta = builder.build(batch, None, lambda r: r.block_ids, torch.device("cpu"))
+        assert isinstance(meta, FixedTableMetadata)
+        if backend.name == "flash":
+            assert meta.gather is None
+            continue
+        want = table_gather(meta.seq_lens_k, meta.block_table, PAGE, torch.float32)
+        assert torch.equal(meta.gather.blocks, want.blocks)
+        assert torch.equal(meta.gather.mask, want.mask)
+        assert meta.gather.mask[0, 0, 0, :5].eq(0).all() and meta.gather.mask[0, 0, 0, 5:].eq(
+            float("-inf")).all()
 
 
 def _decode_step(requests: list[RequestState]) -> ScheduledBatch:
