@@ -88,7 +88,11 @@ def test_block_tables_pad_to_the_widest_request_or_the_fast_path_width():
     decodes = ScheduledBatch([ScheduledRequest(_request("a", [7, 2], 300), 299, 1, True),
                               ScheduledRequest(_request("b", [4], 10), 9, 1, True)], [])
     flash, varlen = FlashMetadataBuilder(PAGE), TorchMetadataBuilder(PAGE)
-    fast_path = lambda builder, tables: FastPathBuilder(builder, tables, PAGE)  # noqa: E731
+    backends = {flash: FlashPagedAttention(CountingFunctions().functions()),
+                varlen: get_backend("torch")}
+
+    def fast_path(builder, tables):
+        return FastPathBuilder(builder, tables, PAGE, backends[builder], torch.float32)
     meta = build_step_inputs(decodes, cpu, flash).meta
     assert meta.block_table.tolist() == [[7, 2], [4, 0]]
     assert meta.block_table.dtype == meta.cu_seqlens_k.dtype == torch.int32
@@ -135,7 +139,9 @@ def test_one_layer_equals_the_torch_backend(window, decode_only):
 
     groups = AttentionGroups(full_layers=window is None, sliding_window=window)
     inputs = build_step_inputs(batch, cpu,
-                               FastPathBuilder(FlashMetadataBuilder(PAGE), DecodeTables(3), PAGE),
+                               FastPathBuilder(FlashMetadataBuilder(PAGE), DecodeTables(3), PAGE,
+                                               FlashPagedAttention(CountingFunctions().functions()),
+                                               torch.float32),
                                groups)
     meta = group(inputs)
     assert meta.decode_fast_path == decode_only
