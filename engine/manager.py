@@ -68,8 +68,9 @@ class ContinuousBatchingManager:
         """`warmup()` ran: the entry points do not warm a reused (persistent) manager again."""
         self._ids = itertools.count()
         self.vocab_size = int(model.config.vocab_size)
-        self.max_context = getattr(model.config, "max_position_embeddings", None)
-        self.num_labels = model.module.engine_spec().num_labels
+        spec = model.module.engine_spec()
+        self.max_context = spec.max_context
+        self.num_labels = spec.num_labels
         """A sequence classifier's labels (model_spec.py): it takes pooling requests
         only. None: a causal LM, which takes no classifying ones."""
         self.grammars: GrammarCompiler = model.grammars
