@@ -32,8 +32,9 @@ class GgufType:
 @dataclass(frozen=True)
 class KernelForm:
     """A form the block kernels multiply: its name, block_gemm's code and C name
-    (kernels.h), the weights one scale covers, whether it has minima, and the
-    int8-activation form it is repacked into (None: it is one)."""
+    (kernels.h), the weights one scale covers, whether it has minima, the
+    int8-activation form it is repacked into (None: it is one), and the bits a code
+    takes in memory (4: two codes a byte, the low nibbles first in each block)."""
 
     name: str
     code: int
@@ -41,12 +42,15 @@ class KernelForm:
     scale_group: int
     minima: bool
     int8_form: str | None
+    code_bits: int
     bytes_per_256: int
     """Bytes 256 weights take in memory, codes, scales and minima together: what a
     token reads of them (docs/cpu-kernels.md, "Memory layout")."""
     super_block: int = 0
     """Weights per super-block whose fp32 scales the block's integer scales multiply
-    (0: every block holds fp32 scales)."""
+    (0: every block holds fp32 scales); with minima a super-block holds two (d, dmin)."""
+    panels: bool = True
+    """block_panels.c has tiles for it: it serves steps of any row count."""
 
 
 GGUF_TYPES = (
@@ -62,15 +66,15 @@ GGUF_TYPES = (
 """Every GGUF block type read here; the K types' blocks are super-blocks of 256."""
 
 KERNEL_FORMS = (
-    KernelForm("Q4_1", 1, "BLOCKS_Q4", 32, True, "I8_Q4", 192),
-    KernelForm("Q8_0", 2, "BLOCKS_Q8", 32, False, "I8_U8", 288),
-    KernelForm("Q8_16", 3, "BLOCKS_Q8_HALVES", 16, False, "I8_U8_16", 320),
-    KernelForm("Q5_1", 4, "BLOCKS_Q5", 32, True, "I8_U8", 320),
-    KernelForm("I8_Q4", 5, "BLOCKS_I8_Q4", 32, True, None, 192),
-    KernelForm("I8_U8", 6, "BLOCKS_I8_U8", 32, True, None, 320),
-    KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None, 384),
-    KernelForm("I8_Q4K", 8, "BLOCKS_I8_Q4K", 32, True, None, 152, 256),
-    KernelForm("I8_Q6K", 9, "BLOCKS_I8_Q6K", 16, False, None, 212, 256),
+    KernelForm("Q4_1", 1, "BLOCKS_Q4", 32, True, "I8_Q4", 4, 192),
+    KernelForm("Q8_0", 2, "BLOCKS_Q8", 32, False, "I8_U8", 8, 288),
+    KernelForm("Q8_16", 3, "BLOCKS_Q8_HALVES", 16, False, "I8_U8_16", 8, 320),
+    KernelForm("Q5_1", 4, "BLOCKS_Q5", 32, True, "I8_U8", 8, 320, panels=False),
+    KernelForm("I8_Q4", 5, "BLOCKS_I8_Q4", 32, True, None, 4, 192),
+    KernelForm("I8_U8", 6, "BLOCKS_I8_U8", 32, True, None, 8, 320),
+    KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None, 8, 384),
+    KernelForm("I8_Q4K", 8, "BLOCKS_I8_Q4K", 32, True, None, 4, 152, 256),
+    KernelForm("I8_Q6K", 9, "BLOCKS_I8_Q6K", 16, False, None, 6, 212, 256),
 )
 """Q4_1: 4-bit codes, a scale and a minimum per 32 (GGUF's Q4_0, Q4_1, Q4_K); Q8_0:
 int8 codes and a scale per 32 (Q8_0, Q5_0); Q8_16: int8 codes and a scale per 16

@@ -79,16 +79,15 @@ class Blocks:
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] fp32, computed as gguf-py does (d * q + m, in fp32)."""
-        n = self.codes.shape[0]
-        if self.kind == "Q5_1":
-            codes = self.codes.view(n, -1, BLOCK).float()
-            return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
-        if self.kind != "Q4_1":
-            codes = self.codes.view(n, -1, FORMS[self.kind].scale_group).float()
-            return (self.scales[..., None] * codes).reshape(n, -1)
-        nibbles = self.codes.view(n, -1, BLOCK // 2)
-        codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()   # [N, K/32, 32]
-        return (self.scales[..., None] * codes + self.minima[..., None]).reshape(n, -1)
+        n, traits = self.codes.shape[0], FORMS[self.kind]
+        codes = self.codes
+        if traits.code_bits == 4:              # each 32-block: low nibbles, then high
+            nibbles = codes.view(n, -1, BLOCK // 2)
+            codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)       # [N, K/32, 32]
+        values = self.scales[..., None] * codes.reshape(n, -1, traits.scale_group).float()
+        if self.minima is not None:
+            values = values + self.minima[..., None]
+        return values.reshape(n, -1)
 
 
 def concat(parts: list[Blocks]) -> Blocks:
@@ -123,15 +122,30 @@ def empty_blocks(form: str, rows: int, row_length: int) -> Blocks:
     """Blocks of kernel form `form` for `rows` rows of `row_length` weights, not yet
     written (parse_blocks_into fills them)."""
     traits = FORMS[form]
-    codes = (torch.empty(rows, row_length // 2, dtype=torch.uint8) if form == "Q4_1"
-             else torch.empty(rows, row_length, dtype=torch.int8))
+    codes = torch.empty(rows, row_length * traits.code_bits // 8,
+                        dtype=torch.uint8 if traits.code_bits == 4 else torch.int8)
     minima = torch.empty(rows, row_length // BLOCK) if traits.minima else None
     return Blocks(form, codes, torch.empty(rows, row_length // traits.scale_group), minima)
 
 
-DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
-"""GGUF types whose blocks parse_blocks_into copies straight into place: their kernel
-form keeps the file's codes byte for byte (scales widened to fp32)."""
+def _copy_q8_0(blocks: torch.Tensor, target: Blocks) -> None:
+    target.codes.view(blocks.shape[:2] + (BLOCK,)).copy_(blocks[..., 2:].view(torch.int8))
+
+
+def _copy_q4_0(blocks: torch.Tensor, target: Blocks) -> None:
+    target.codes.view(blocks.shape[:2] + (BLOCK // 2,)).copy_(blocks[..., 2:])
+    torch.mul(target.scales, -8, out=target.minima)
+
+
+def _copy_q4_1(blocks: torch.Tensor, target: Blocks) -> None:
+    target.minima.copy_(blocks[..., 2:4].view(torch.float16).squeeze(-1))
+    target.codes.view(blocks.shape[:2] + (BLOCK // 2,)).copy_(blocks[..., 4:])
+
+
+DIRECT_COPIES = {"Q4_0": _copy_q4_0, "Q4_1": _copy_q4_1, "Q8_0": _copy_q8_0}
+"""GGUF types whose blocks parse_blocks_into copies straight into place (their kernel
+form keeps the file's codes byte for byte, scales widened to fp32): the codes' and
+minima's copy, after the scales' (bytes 0-1 of every block of these types)."""
 
 
 def parse_blocks_into(kind: str, raw: torch.Tensor, out: Blocks, start: int,
@@ -139,10 +153,10 @@ def parse_blocks_into(kind: str, raw: torch.Tensor, out: Blocks, start: int,
     """Parse GGUF bytes [N, row bytes] of type `kind` into rows [start, start + N) of
     `out` (blocks of kind's form, as empty_blocks makes), in row order `order` when
     given: the same values parse_blocks gives, without an intermediate copy for
-    DIRECT_TYPES in file order."""
+    DIRECT_COPIES' types in file order."""
     n = raw.shape[0]
     target = out.row_range(start, start + n)
-    if kind not in DIRECT_TYPES or order is not None:
+    if kind not in DIRECT_COPIES or order is not None:
         parsed = parse_blocks(kind, raw)
         parsed = parsed if order is None else parsed.rows(order)
         target.codes.copy_(parsed.codes)
@@ -151,16 +165,8 @@ def parse_blocks_into(kind: str, raw: torch.Tensor, out: Blocks, start: int,
             target.minima.copy_(parsed.minima)
         return
     blocks = raw.reshape(n, -1, BYTES_PER_BLOCK[kind])              # [N, B, bytes]
-    count = blocks.shape[1]
     target.scales.copy_(blocks[..., 0:2].view(torch.float16).squeeze(-1))
-    if kind == "Q8_0":
-        target.codes.view(n, count, BLOCK).copy_(blocks[..., 2:].view(torch.int8))
-    elif kind == "Q4_0":
-        target.codes.view(n, count, BLOCK // 2).copy_(blocks[..., 2:])
-        torch.mul(target.scales, -8, out=target.minima)
-    else:                                                           # Q4_1
-        target.minima.copy_(blocks[..., 2:4].view(torch.float16).squeeze(-1))
-        target.codes.view(n, count, BLOCK // 2).copy_(blocks[..., 4:])
+    DIRECT_COPIES[kind](blocks, target)
 
 
 def _fp16_field(raw: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -249,26 +255,30 @@ def _q5_1(raw: torch.Tensor) -> Blocks:
     return Blocks("Q5_1", codes.reshape(n, -1), _fp16_field(raw, 0, 2), _fp16_field(raw, 2, 4))
 
 
+def _q8_0(raw: torch.Tensor) -> Blocks:
+    n = raw.shape[0]
+    return Blocks("Q8_0", raw[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
+                  _fp16_field(raw, 0, 2), None)
+
+
+def _q4_0(raw: torch.Tensor) -> Blocks:
+    scales = _fp16_field(raw, 0, 2)
+    return Blocks("Q4_1", raw[..., 2:].reshape(raw.shape[0], -1).contiguous(), scales,
+                  -8 * scales)
+
+
+def _q4_1(raw: torch.Tensor) -> Blocks:
+    return Blocks("Q4_1", raw[..., 4:].reshape(raw.shape[0], -1).contiguous(),
+                  _fp16_field(raw, 0, 2), _fp16_field(raw, 2, 4))
+
+
+TORCH_PARSERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
+                 "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+"""GGUF type -> its blocks [N, B, block bytes] parsed with torch's ops into its kernel
+form (block_types.FORM_OF): the reference block_parse.c is tested against."""
+
+
 def parse_blocks(kind: str, raw: torch.Tensor) -> Blocks:
     """GGUF bytes [N, row bytes] uint8 of GGUF type `kind` (BYTES_PER_BLOCK) -> Blocks
     in that type's kernel form (FORM_OF)."""
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, BYTES_PER_BLOCK[kind])
-    if kind == "Q4_K":
-        return _q4_k(blocks)
-    if kind == "Q5_K":
-        return _q5_k(blocks)
-    if kind == "Q5_1":
-        return _q5_1(blocks)
-    if kind == "Q6_K":
-        return _q6_k(blocks)
-    if kind == "Q5_0":
-        return _q5_0(blocks)
-    scales = _fp16_field(blocks, 0, 2)
-    if kind == "Q8_0":
-        return Blocks(kind, blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1),
-                      scales, None)
-    if kind == "Q4_0":
-        return Blocks("Q4_1", blocks[..., 2:].reshape(n, -1).contiguous(), scales, -8 * scales)
-    return Blocks(kind, blocks[..., 4:].reshape(n, -1).contiguous(), scales,
-                  _fp16_field(blocks, 2, 4))
+    return TORCH_PARSERS[kind](raw.reshape(raw.shape[0], -1, BYTES_PER_BLOCK[kind]))

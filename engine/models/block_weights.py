@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ..kernels.block_layers import gated_mlp, native_weight
 from ..kernels.native import FUSED_ACTIVATIONS, GATED_ACTIVATIONS
 from .block_formats import Blocks, concat, parse_blocks   # (Blocks, parse_blocks: re-exported)
+from ..kernels.block_types import FORMS
 from .int8_blocks import Int8Blocks
 from .linear_base import LinearMethod
 from .packed_linear import pack_weight, packed_gated, packed_linear
@@ -95,7 +96,7 @@ class BlockLinear(LinearMethod):
         BlockWeight), or None for more parts than it holds."""
         self.kernels = kernels
         self.max_rows = kernel_rows(kernels)
-        if any(part.kind == "Q5_1" for part in parts):    # no panels for this form
+        if not all(FORMS[part.kind].panels for part in parts):    # no panel tiles
             self.max_rows = min(self.max_rows, MAX_KERNEL_ROWS)
         if weight is None and not bf16_dense:
             if not blocks_serve_every_step(parts, kernels):
@@ -199,7 +200,7 @@ def blocks_serve_every_step(parts: list[Blocks], kernels) -> bool:
     PANEL_KERNEL_ROWS), the price of holding 5-10 bits per weight instead of 32. The
     int8 kernels take every step of their forms on any build."""
     return all(isinstance(part, Int8Blocks)
-               or (kernels.block_lanes in (8, 16) and part.kind != "Q5_1") for part in parts)
+               or (kernels.block_lanes in (8, 16) and FORMS[part.kind].panels) for part in parts)
 
 
 def kernel_rows(kernels) -> int:

@@ -83,7 +83,7 @@ class Int8Blocks(Blocks):
         groups, lanes = index // LANES, index % LANES
         n, width = self.codes.shape
         codes = self.codes.view(n // LANES, -1, LANES, 4)[groups, :, lanes].reshape(-1, width)
-        if self.kind == "I8_Q4":
+        if FORMS[self.kind].code_bits == 4:
             nibbles = codes.view(codes.shape[0], -1, BLOCK // 2)
             codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
         scales, minima = (values.view(n // LANES, -1, LANES)[groups, :, lanes]
@@ -105,18 +105,15 @@ class Int8Blocks(Blocks):
 def empty_int8_blocks(int8_form: str, rows: int, row_length: int) -> Int8Blocks:
     """Int8Blocks of form `int8_form` (an I8_* form) for `rows` rows (a multiple of
     16) of `row_length` weights, not yet written (the native parser fills them)."""
-    if FORMS[int8_form].super_block:
-        q6 = int8_form == "I8_Q6K"
-        return SuperBlocks(
-            int8_form,
-            torch.empty(rows, row_length * 3 // 4 if q6 else row_length // 2, dtype=torch.uint8),
-            torch.empty(rows, row_length // SUPER_BLOCK * (1 if q6 else 2)),
-            torch.empty(rows, row_length // 16, dtype=torch.uint8))
-    group = FORMS[int8_form].scale_group
-    width = row_length // 2 if int8_form == "I8_Q4" else row_length
-    return Int8Blocks(int8_form, torch.empty(rows, width, dtype=torch.uint8),
-                      torch.empty(rows, row_length // group),
-                      torch.empty(rows, row_length // group))
+    traits = FORMS[int8_form]
+    codes = torch.empty(rows, row_length * traits.code_bits // 8, dtype=torch.uint8)
+    if traits.super_block:         # fp32 d (and dmin, with minima) per super-block
+        scales_per_super = 2 if traits.minima else 1
+        return SuperBlocks(int8_form, codes,
+                           torch.empty(rows, row_length // traits.super_block * scales_per_super),
+                           torch.empty(rows, row_length // 16, dtype=torch.uint8))
+    groups = row_length // traits.scale_group
+    return Int8Blocks(int8_form, codes, torch.empty(rows, groups), torch.empty(rows, groups))
 
 
 class SuperBlocks(Int8Blocks):
@@ -137,7 +134,7 @@ class SuperBlocks(Int8Blocks):
         nibbles = low.reshape(-1, blocks, 16)                        # [T, B, byte 4t + i]
         codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).to(torch.int32)  # [T, B, 32]
         sub = self.minima.view(g, blocks, 2, LANES)[groups, :, :, lanes]           # [T, B, 2]
-        if self.kind == "I8_Q4K":
+        if FORMS[self.kind].minima:                                  # I8_Q4K: d * q - m
             sup = self.scales.view(g, -1, 2, LANES)[groups, :, :, lanes]            # [T, S, 2]
             sup = sup.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)                # [T, B, 2]
             d = sup[..., 0] * sub[..., 0].float()
