@@ -38,19 +38,22 @@ from .native import NativeKernels
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name)
+KERNELS = Path(__file__).parent
+ARCH_DIRS = (KERNELS / "arch" / "x86", KERNELS / "arch" / "arm")
+"""Each architecture's own tiles (ggml-cpu's layout): the AVX2 / AVX-512 / AMX ones
+under arch/x86, the NEON ones under arch/arm. The portable loops, the dispatch and
+the shared headers stay in engine/kernels; every file finds a header by its name
+across these folders (build_library's -I)."""
+SOURCES = [KERNELS / name
            for name in ("block_gemm.c", "block_mlp.c", "block_panels.c",
                         "paged_attention.c", "step_runs.c", "attention_vectors.c",
                         "attention_bf16.c", "prefill_attention.c",
                         "bf16_gemm.c", "activations.c", "head_rescore.c", "argmax.c",
                         "layer_ops.c", "decode_layer.c", "decoder_stack.c", "worker_pool.c",
-                        "bf16_amx.c", "block_int8.c", "block_parse.c")]
-HEADERS = [Path(__file__).with_name(name)
-           for name in ("worker_pool.h", "kernels.h", "vector_math.h", "block_rows.h",
-                        "block_rows_avx512.h", "block_panels_avx512.h", "prefill_tiles.h",
-                        "block_int8_neon.h", "block_rows_neon.h",
-                        "block_int8_256.h", "block_types.h", "bf16_tile_256.h",
-                        "bf16_tile_neon.h")]
+                        "block_int8.c", "block_parse.c")] + [ARCH_DIRS[0] / "bf16_amx.c"]
+HEADERS = sorted(KERNELS.glob("*.h")) + sorted(path for arch in ARCH_DIRS
+                                               for path in arch.glob("*.h"))
+INCLUDE_FLAGS = tuple(f"-I{folder}" for folder in (KERNELS, *ARCH_DIRS))
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], "NativeKernels | None"] = {}
 
@@ -73,7 +76,7 @@ def build_library(compiler: str, flags: tuple[str, ...], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         partial = Path(staging) / target.name
-        subprocess.run([compiler, "-O3", *flags, "-pthread", "-shared", "-fPIC",
+        subprocess.run([compiler, "-O3", *flags, *INCLUDE_FLAGS, "-pthread", "-shared", "-fPIC",
                         "-o", str(partial), *map(str, SOURCES), "-lm"],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(partial, target)      # atomic: concurrent builders never see half a file

@@ -174,7 +174,8 @@ def test_the_library_builds_for_cpus_without_this_ones_features(tmp_path, march)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if platform.machine() != "x86_64" or compiler is None:
         pytest.skip("x86-64 targets need an x86-64 compiler")
-    built = subprocess.run([compiler, "-O1", f"-march={march}", "-pthread", "-shared", "-fPIC",
+    built = subprocess.run([compiler, "-O1", f"-march={march}", *kernel_build.INCLUDE_FLAGS,
+                            "-pthread", "-shared", "-fPIC",
                             "-Werror=implicit-function-declaration", "-o",
                             str(tmp_path / "kernels.so"), *map(str, kernel_build.SOURCES), "-lm"],
                            capture_output=True, text=True, timeout=300)

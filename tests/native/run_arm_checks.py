@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:        # run as a script: the repository's packages
     sys.path.insert(0, str(ROOT))
 
-from engine.kernels.build import HEADERS, SOURCES, build_library  # noqa: E402
+from engine.kernels.build import HEADERS, INCLUDE_FLAGS, SOURCES, build_library  # noqa: E402
 from engine.kernels.isa import ARM_LEVELS, X86_LEVELS, IsaLevel, cpu_features  # noqa: E402
 from engine.kernels.native import INT8_PATHS  # noqa: E402
 
@@ -76,7 +76,7 @@ def build_check(compiler: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         partial = Path(staging) / target.name
         result = subprocess.run(
-            [compiler, "-O2", "-Wall", "-Wextra", "-I", str(SOURCES[0].parent), "-o",
+            [compiler, "-O2", "-Wall", "-Wextra", *INCLUDE_FLAGS, "-o",
              str(partial), *map(str, CHECK_SOURCES), "-ldl", "-lm"],
             capture_output=True, text=True, timeout=120, check=True)
         if result.stderr.strip():
