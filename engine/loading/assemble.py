@@ -164,7 +164,8 @@ def _own_family(weights, config, dtype: torch.dtype, device: torch.device, tp_si
         tensors = CheckpointTensors.of_state(weights, dtype, device, copy=given)
         return build_model(config, ModelParts(tensors, plan, None, kv_dtype))
     tensors = CheckpointTensors(gguf.take, dtype, device)
-    return build_model(config, ModelParts(tensors, plan, gguf.blocks, kv_dtype))
+    blocks = gguf.blocks if plan.block_kernels is not None else None
+    return build_model(config, ModelParts(tensors, plan, blocks, kv_dtype))
 
 
 def _transformers_family(source, config, dtype: torch.dtype, device: torch.device,

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 def choose_executors(model: nn.Module, kernels) -> Executors:
     """The executors `model`'s layers and stack qualify for on `kernels` (a loaded
-    NativeKernels)."""
+    NativeKernels), logged."""
     fast = [FastDecodeLayer(layer, kernels) if FastDecodeLayer.applies(layer) else None
             for layer in model.layers]
     packed = [PackedLayer(layer, kernels) if PackedLayer.applies(layer) else None
@@ -42,9 +42,5 @@ def choose_executors(model: nn.Module, kernels) -> Executors:
     names = tuple(type(stack).__name__ for stack in stacks) + tuple(
         f"{sum(e is not None for e in column)} x {name}"
         for column, name in ((fast, "FastDecodeLayer"), (packed, "PackedLayer")) if any(column))
+    logger.info("layer executors: %s, then the modules", ", ".join(names) if names else "none")
     return Executors(stacks, layers if any(layers) else (), names)
-
-
-def log_executors(executors: Executors) -> None:
-    logger.info("layer executors: %s, then the modules",
-                ", ".join(executors.names) if executors.names else "none")

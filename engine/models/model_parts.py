@@ -55,8 +55,7 @@ def hf_parts(name: str) -> list[str]:
     stem, _, kind = name.rpartition(".")
     for fused, parts in FUSED_PARTS.items():
         if stem.endswith("." + fused):
-            layer = stem[:-len(fused)]
-            return [f"{layer}{part}.{kind}" for part in parts]
+            return [f"{stem[:-len(fused)]}{part}.{kind}" for part in parts]
     return [name]
 
 
@@ -70,11 +69,9 @@ class Shard:
         """One transformers part of tensor `name`, cut to this rank's rows (column-
         parallel) or input columns (a row-parallel weight); others whole."""
         stem, _, kind = name.rpartition(".")
-        if any(stem.endswith(f) for f in FUSED_PARTS):
-            dim = 0
-        elif any(stem.endswith(r) for r in ROW_PARALLEL) and kind == "weight":
-            dim = 1
-        else:
+        dim = 0 if stem.endswith(tuple(FUSED_PARTS)) else \
+            1 if stem.endswith(ROW_PARALLEL) and kind == "weight" else None
+        if dim is None:
             return part
         size = part.shape[dim] // self.world
         return part.narrow(dim, self.rank * size, size)
@@ -118,8 +115,8 @@ class ModelParts:
     tensors: CheckpointTensors
     plan: LinearPlan = LinearPlan()
     blocks: dict[str, Blocks] | None = None
-    """A GGUF checkpoint's blocks by transformers name (read by the block kernels of
-    plan.block_kernels), or None."""
+    """A GGUF checkpoint's blocks by transformers name, which plan.block_kernels
+    multiply; None without them."""
     kv_cache_dtype: torch.dtype | None = None
     tp_group: Any = None
     """TensorParallelGroup when the weights are sharded over torchrun ranks."""
@@ -158,10 +155,8 @@ class ModelParts:
         """The joined blocks of projection `name` where the GGUF holds every part as
         blocks (dropped from the checkpoint where they serve every step: the joined
         copy is then the only one), else None."""
-        if self.blocks is None or self.plan.block_kernels is None:
-            return None
         names = ["model." + part for part in hf_parts(f"{name}.weight")]
-        found = [self.blocks.get(n) for n in names]
+        found = [self._block(n) for n in names]
         if any(b is None for b in found):
             return None
         if sum(b.shape[0] for b in found) != out_features:
@@ -173,49 +168,46 @@ class ModelParts:
                 del self.blocks[part]
         return runs
 
+    def _block(self, name: str) -> Blocks | None:
+        """The GGUF's blocks of tensor `name` (transformers' name), or None."""
+        return None if self.blocks is None else self.blocks.get(name)
+
+    def _only_blocks(self, blocks: Blocks | None) -> bool:
+        """Whether `blocks` (a table's or head's) serve every step with no dense copy."""
+        return (blocks is not None and not self.plan.dense_table
+                and blocks_serve_every_step([blocks], self.plan.block_kernels))
+
     def embedding(self, vocab: int, hidden: int) -> nn.Module:
         """The embedding table: as blocks where they serve every step (and the plan
         keeps no dense table), else dense."""
-        table = self._table_blocks()
-        if table is not None and not self.plan.dense_table \
-                and blocks_serve_every_step([table], self.plan.block_kernels):
+        table = self._block("model.embed_tokens.weight")
+        if self._only_blocks(table):
             return BlockEmbedding(table)
         weight = self.tensor("embed_tokens.weight", (vocab, hidden))
         return nn.Embedding(vocab, hidden, _weight=weight, _freeze=True)
-
-    def _table_blocks(self) -> Blocks | None:
-        if self.blocks is None or self.plan.block_kernels is None:
-            return None
-        return self.blocks.get("model.embed_tokens.weight")
 
     def lm_head(self, embedding: nn.Module, hidden: int, vocab: int,
                 tied: bool) -> nn.Module | None:
         """The LM head (None: the logits multiply the embedding table): on the head's
         blocks, or the table's for a tied head, where the GGUF has them."""
-        kernels = self.plan.block_kernels
-        table = None if isinstance(embedding, BlockEmbedding) else embedding.weight
         if tied:
-            blocks = self._table_blocks()
-            head = None if blocks is None else block_linear(table, None, [blocks], self.plan)
-            return head_method(head, table, True, self.plan)
-        blocks = None if self.blocks is None or kernels is None else \
-            self.blocks.get("lm_head.weight")
-        only = blocks is not None and not self.plan.dense_table \
-            and blocks_serve_every_step([blocks], kernels)
-        weight = None if only else self.tensor("lm_head.weight", (vocab, hidden))
+            blocks = self._block("model.embed_tokens.weight")
+            weight = None if isinstance(embedding, BlockEmbedding) else embedding.weight
+        else:
+            blocks = self._block("lm_head.weight")
+            weight = None if self._only_blocks(blocks) else \
+                self.tensor("lm_head.weight", (vocab, hidden))
         head = None if blocks is None else block_linear(weight, None, [blocks], self.plan)
-        return head_method(head, weight, False, self.plan)
+        return head_method(head, weight, tied, self.plan)
 
     def executors(self, model: nn.Module) -> Executors:
         """The layer executors `model` (its layers built) qualifies for, or none."""
         kernels = self.plan.executor_kernels
         if kernels is None:
             return Executors()
-        from .executor_choice import choose_executors, log_executors
+        from .executor_choice import choose_executors
 
-        executors = choose_executors(model, kernels)
-        log_executors(executors)
-        return executors
+        return choose_executors(model, kernels)
 
 
 class BlockEmbedding(nn.Module):
