@@ -4,7 +4,7 @@ A projection (q/k/v, o, gate/up, down) and the LM head each hold one module that
 its weight's stored form and how it multiplies; the layer's forward calls it and
 never asks which form it is. The forms:
 
-    nn.Linear          dense float32 / bf16 / fp16, F.linear           (the model's own)
+    DenseLinear        dense float32 / bf16 / fp16, F.linear           method_choice.py
     PackedLinear       dense, packed once for oneDNN and the bf16 GEMM  packed_linear.py
     BlockLinear        a GGUF file's blocks (+ a packed dense copy only  block_weights.py
                        where the blocks do not serve every step size)
@@ -12,8 +12,8 @@ never asks which form it is. The forms:
     Int8WeightLinear   int8 weights with per-channel scales             mixed_precision.py
     Bf16RescoredHead   LM head: bf16 logits, the top ones redone fp32   mixed_precision.py
 
-Which form each projection takes is chosen at load (method_choice.py), which logs one
-table of them.
+Which form each projection takes is chosen as the model is built (method_choice.py,
+asked by model_parts.py for each one), and the load logs one table of them.
 """
 
 from __future__ import annotations
