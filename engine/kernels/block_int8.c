@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp16.h"
 #include "kernels.h"
 #include "worker_pool.h"
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -153,22 +154,34 @@ typedef struct {
 typedef struct {
     const uint8_t *q, *sub;
     const float *d, *m;
+    const uint16_t *d16, *m16;   /* the fp16 forms' scales and (I8_Q4_1) minima */
     int64_t blocks, block_bytes, scales_per_block;
     int nibbles, halves, super_q4, super_q6;
+    float implied_minimum;       /* the fp16 forms without minima: m = this * d */
 } GroupView;
+
+static const int form_scale_bits[] = FORM_SCALE_BITS;
+static const int form_implied_minimum[] = FORM_IMPLIED_MINIMUM;
 
 static inline GroupView group_view(const Int8Job *job, int64_t group) {
     GroupView view;
     view.blocks = job->k / BLOCK;
     view.super_q4 = job->kind == BLOCKS_I8_Q4K;
     view.super_q6 = job->kind == BLOCKS_I8_Q6K;
-    view.nibbles = job->kind == BLOCKS_I8_Q4 || view.super_q4;
+    view.nibbles = job->kind == BLOCKS_I8_Q4 || view.super_q4 || job->kind == BLOCKS_I8_Q4_0
+                   || job->kind == BLOCKS_I8_Q4_1;
     view.halves = job->kind == BLOCKS_I8_U8_HALVES || view.super_q6;
     view.block_bytes = view.nibbles ? 256 : view.super_q6 ? 384 : 512;
     view.scales_per_block = view.halves ? 2 : 1;
     view.q = job->q + group * view.blocks * view.block_bytes;
     view.sub = NULL;
-    if (view.super_q4 || view.super_q6) {
+    view.d16 = view.m16 = NULL;
+    view.implied_minimum = (float)form_implied_minimum[job->kind];
+    if (form_scale_bits[job->kind] == 16) {
+        view.d = view.m = NULL;
+        view.d16 = (const uint16_t *)job->d + group * view.blocks * GROUP;
+        if (job->m) view.m16 = (const uint16_t *)job->m + group * view.blocks * GROUP;
+    } else if (view.super_q4 || view.super_q6) {
         const int64_t supers = view.blocks / 8, per_super = view.super_q4 ? 2 : 1;
         view.d = job->d + group * supers * per_super * GROUP;
         view.sub = (const uint8_t *)job->m + group * view.blocks * 2 * GROUP;
@@ -192,6 +205,10 @@ static inline void lane_scale(const GroupView *view, int64_t b, int h, int lane,
     } else if (view->super_q6) {
         *d = view->d[(b / 8) * GROUP + lane] * (float)(int8_t)view->sub[(b * 2 + h) * GROUP + lane];
         *m = -128.0f * *d;
+    } else if (view->d16) {
+        *d = fp16_bits_value(view->d16[b * GROUP + lane]);
+        *m = view->m16 ? fp16_bits_value(view->m16[b * GROUP + lane])
+                       : view->implied_minimum * *d;
     } else {
         const int64_t at = (b * view->scales_per_block + h) * GROUP + lane;
         *d = view->d[at];
@@ -325,14 +342,16 @@ static __attribute__((unused)) void group_tile_portable(const Int8Job *job, int6
         }
 }
 
-/* One tile on this build's loop. The super-block forms have a vector tile on the
- * avx2 loop only (block_int8_256.h); the other loops take them one column at a time,
- * and the loader keeps their wide forms there (int8_blocks.py). */
+/* One tile on this build's loop. The forms at a file's width (the super-block and
+ * fp16 forms) have a vector tile on the avx2 loop only (block_int8_256.h); the other
+ * loops take them one column at a time, and the loader keeps their wide forms there
+ * (int8_blocks.py). */
 static void group_tile(const Int8Job *job, int64_t group, int64_t r0, int tile) {
 #if INT8_PATH == INT8_AVX2
     group_tile_256(job, group, r0, tile);
 #else
-    if (job->kind == BLOCKS_I8_Q4K || job->kind == BLOCKS_I8_Q6K) {
+    if (job->kind == BLOCKS_I8_Q4K || job->kind == BLOCKS_I8_Q6K
+        || form_scale_bits[job->kind] == 16) {
         group_tile_portable(job, group, r0, tile);
         return;
     }

@@ -12,11 +12,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fp16.h"
 #include "kernels.h"
 #include "worker_pool.h"
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
 
 #define BLOCK 32
 #define GROUP 16
@@ -28,39 +26,14 @@ typedef struct {
     int sub[2];                  /* K types: Q4_K's 6-bit scale and minimum, Q6_K's two
                                   * int8 scales: d[h] = super[0] * sub[h] (Q4_K's m[0] =
                                   * -(super[1] * sub[1])) */
+    uint16_t d_bits, m_bits;     /* GGUF's types of one fp16 scale: d[0] and m[0] (Q4_1,
+                                  * Q5_1) as the file holds them */
 } Decoded;
+
+static const int form_scale_bits[] = FORM_SCALE_BITS;
 
 static const int64_t block_bytes_of[] = GGUF_BLOCK_BYTES;
 static const int64_t block_weights_of[] = GGUF_BLOCK_WEIGHTS;
-
-static inline float fp16_value(const uint8_t *at) {
-    const uint16_t h = (uint16_t)(at[0] | at[1] << 8);
-#ifdef __F16C__
-    return _cvtsh_ss(h);                         /* exact, subnormals included */
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F,
-                   mantissa = h & 0x3FF;
-    uint32_t bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | mantissa << 13;
-    } else if (exponent != 0) {
-        bits = sign | (exponent + 112) << 23 | mantissa << 13;
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else {                                     /* subnormal: normalize */
-        int shift = 0;
-        uint32_t value = mantissa;
-        while (!(value & 0x400)) {
-            value <<= 1;
-            shift++;
-        }
-        bits = sign | (uint32_t)(113 - shift) << 23 | (value & 0x3FF) << 13;
-    }
-    float result;
-    memcpy(&result, &bits, sizeof result);
-    return result;
-#endif
-}
 
 /* Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (0..7) from 12 bytes. */
 static void k_scale_min(const uint8_t *packed, int j, int *scale, int *minimum) {
@@ -79,6 +52,8 @@ static void decode_block(int type, const uint8_t *row, int64_t b, Decoded *out) 
         || type == GGUF_Q5_1) {
         const uint8_t *block = row + b * block_bytes_of[type];
         out->d[0] = fp16_value(block);
+        out->d_bits = (uint16_t)(block[0] | block[1] << 8);
+        out->m_bits = (uint16_t)(block[2] | block[3] << 8);    /* Q4_1 and Q5_1 only */
         if (type == GGUF_Q4_0) {
             memcpy(out->bytes, block + 2, 16);
             out->m[0] = out->d[0] * -8.0f;
@@ -193,7 +168,8 @@ static void store_block(const ParseJob *job, int64_t row, int64_t b, Decoded *bl
         return;
     }
     const int64_t blocks = job->k / BLOCK;
-    const int nibbles = job->form == BLOCKS_Q4 || job->form == BLOCKS_I8_Q4;
+    const int nibbles = job->form == BLOCKS_Q4 || job->form == BLOCKS_I8_Q4
+                        || job->form == BLOCKS_I8_Q4_0 || job->form == BLOCKS_I8_Q4_1;
     const int halves = job->form == BLOCKS_Q8_HALVES || job->form == BLOCKS_I8_U8_HALVES;
     const int width = nibbles ? 16 : 32, per_block = halves ? 2 : 1;
     if (job->form < BLOCKS_I8_Q4) {
@@ -212,6 +188,12 @@ static void store_block(const ParseJob *job, int64_t row, int64_t b, Decoded *bl
         for (int i = 0; i < 4; i++)
             out[(t * GROUP + lane) * 4 + i] =
                 (uint8_t)(signed_codes ? block->bytes[4 * t + i] ^ 0x80 : block->bytes[4 * t + i]);
+    if (form_scale_bits[job->form] == 16) {  /* the file's fp16 scale (and Q4_1's minimum) */
+        const int64_t at = (group * blocks + b) * GROUP + lane;
+        ((uint16_t *)job->d)[at] = block->d_bits;
+        if (job->m) ((uint16_t *)job->m)[at] = block->m_bits;
+        return;
+    }
     for (int h = 0; h < per_block; h++) {
         const int64_t at = ((group * blocks + b) * per_block + h) * GROUP + lane;
         job->d[at] = block->d[h];
@@ -223,7 +205,7 @@ static void parse_part(const void *arg, int part, int parts) {
     const ParseJob *job = arg;
     (void)parts;
     int64_t limit, i;
-    Decoded block = {{0}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0, 0}};
+    Decoded block = {{0}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0, 0}, 0, 0};
     while ((i = work_ranges_take(job->items, part, &limit)) >= 0) {
         const uint8_t *row = job->raw + (job->order ? job->order[i] : i) * job->row_bytes;
         for (int64_t b = 0; b < job->k / BLOCK; b++) {
@@ -267,6 +249,9 @@ int parse_gguf_rows(int type, const uint8_t *raw, int64_t n, int64_t k, int64_t 
         || k % block_weights_of[type] || k % BLOCK
         || (form == BLOCKS_I8_Q4K && type != GGUF_Q4_K)
         || (form == BLOCKS_I8_Q6K && type != GGUF_Q6_K)
+        || (form == BLOCKS_I8_Q4_0 && type != GGUF_Q4_0)
+        || (form == BLOCKS_I8_Q4_1 && type != GGUF_Q4_1)
+        || (form == BLOCKS_I8_Q8_0 && type != GGUF_Q8_0 && type != GGUF_Q5_0)
         || (form >= BLOCKS_I8_Q4 && (start % GROUP || n % GROUP))
         || !rows_in_range(type, n, k, row_bytes, raw_rows, order, start, out_rows))
         return 1;

@@ -13,6 +13,9 @@
 #define BLOCKS_I8_U8_HALVES 7   /* I8_U8_16 */
 #define BLOCKS_I8_Q4K 8   /* I8_Q4K */
 #define BLOCKS_I8_Q6K 9   /* I8_Q6K */
+#define BLOCKS_I8_Q4_0 10   /* I8_Q4_0 */
+#define BLOCKS_I8_Q4_1 11   /* I8_Q4_1 */
+#define BLOCKS_I8_Q8_0 12   /* I8_Q8_0 */
 
 #define GGUF_Q4_0 1
 #define GGUF_Q4_1 2
@@ -24,11 +27,15 @@
 #define GGUF_Q6_K 8
 
 #define BLOCKS_FIRST 1
-#define BLOCKS_LAST 9
+#define BLOCKS_LAST 12
 #define GGUF_FIRST 1
 #define GGUF_LAST 8
 /* per GGUF code: weights and bytes of one of its blocks */
 #define GGUF_BLOCK_WEIGHTS {0, 32, 32, 32, 32, 32, 256, 256, 256}
 #define GGUF_BLOCK_BYTES {0, 18, 20, 22, 24, 34, 144, 176, 210}
+/* per form code: the bits of a scale (16: fp16 scales and minima), and the
+ * multiple of the scale that is a block's minimum where none is stored */
+#define FORM_SCALE_BITS {0, 32, 32, 32, 32, 32, 32, 32, 32, 32, 16, 16, 16}
+#define FORM_IMPLIED_MINIMUM {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -8, 0, -128}
 
 #endif

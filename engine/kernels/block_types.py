@@ -51,14 +51,19 @@ class KernelForm:
     (0: every block holds fp32 scales); with minima a super-block holds two (d, dmin)."""
     panels: bool = True
     """block_panels.c has tiles for it: it serves steps of any row count."""
+    scale_bits: int = 32
+    """32: fp32 scales and minima; 16: the file's fp16 ones, widened in the kernel."""
+    implied_minimum: int = 0
+    """Where not 0, a block's minimum is this times its scale, formed in the kernel and
+    not stored (the forms of GGUF's types without minima)."""
 
 
 GGUF_TYPES = (
-    GgufType("Q4_0", 2, 32, 18, "Q4_1", 1),
-    GgufType("Q4_1", 3, 32, 20, "Q4_1", 2),
-    GgufType("Q5_0", 6, 32, 22, "Q8_0", 3),
+    GgufType("Q4_0", 2, 32, 18, "Q4_1", 1, "I8_Q4_0"),
+    GgufType("Q4_1", 3, 32, 20, "Q4_1", 2, "I8_Q4_1"),
+    GgufType("Q5_0", 6, 32, 22, "Q8_0", 3, "I8_Q8_0"),
     GgufType("Q5_1", 7, 32, 24, "Q5_1", 4),
-    GgufType("Q8_0", 8, 32, 34, "Q8_0", 5),
+    GgufType("Q8_0", 8, 32, 34, "Q8_0", 5, "I8_Q8_0"),
     GgufType("Q4_K", 12, 256, 144, "Q4_1", 6, "I8_Q4K"),
     GgufType("Q5_K", 13, 256, 176, "Q5_1", 7),
     GgufType("Q6_K", 14, 256, 210, "Q8_16", 8, "I8_Q6K"),
@@ -75,12 +80,19 @@ KERNEL_FORMS = (
     KernelForm("I8_U8_16", 7, "BLOCKS_I8_U8_HALVES", 16, True, None, 8, 384),
     KernelForm("I8_Q4K", 8, "BLOCKS_I8_Q4K", 32, True, None, 4, 152, 256),
     KernelForm("I8_Q6K", 9, "BLOCKS_I8_Q6K", 16, False, None, 6, 212, 256),
+    KernelForm("I8_Q4_0", 10, "BLOCKS_I8_Q4_0", 32, True, None, 4, 144, scale_bits=16,
+               implied_minimum=-8),
+    KernelForm("I8_Q4_1", 11, "BLOCKS_I8_Q4_1", 32, True, None, 4, 160, scale_bits=16),
+    KernelForm("I8_Q8_0", 12, "BLOCKS_I8_Q8_0", 32, True, None, 8, 272, scale_bits=16,
+               implied_minimum=-128),
 )
 """Q4_1: 4-bit codes, a scale and a minimum per 32 (GGUF's Q4_0, Q4_1, Q4_K); Q8_0:
 int8 codes and a scale per 32 (Q8_0, Q5_0); Q8_16: int8 codes and a scale per 16
 (Q6_K); Q5_1: codes 0..31 a byte each with a scale and minimum per 32 (Q5_1, Q5_K);
 the I8_* forms of dtype int8-activations (block_int8.c's header): I8_Q4K and I8_Q6K
-keep Q4_K's and Q6_K's widths (integer sub-scales under fp32 super-block scales)."""
+keep Q4_K's and Q6_K's widths (integer sub-scales under fp32 super-block scales),
+I8_Q4_0, I8_Q4_1 and I8_Q8_0 those of GGUF's types of one fp16 scale a block (Q5_0's
+codes take I8_Q8_0's bytes)."""
 
 GGML_TYPES = {t.ggml_type: (t.name, t.weights, t.bytes) for t in GGUF_TYPES}
 """ggml type id -> (name, weights per block, bytes per block)."""
@@ -120,6 +132,17 @@ def c_header() -> str:
               + ", ".join(str(by_code[c].weights if c in by_code else 0) for c in codes) + "}",
               "#define GGUF_BLOCK_BYTES {"
               + ", ".join(str(by_code[c].bytes if c in by_code else 0) for c in codes) + "}"]
+    forms = {form.code: form for form in KERNEL_FORMS}
+    form_codes = range(max(forms) + 1)
+
+    def per_form(name: str, value) -> str:
+        return (f"#define {name} {{"
+                + ", ".join(str(value(forms[c]) if c in forms else 0) for c in form_codes) + "}")
+
+    lines += ["/* per form code: the bits of a scale (16: fp16 scales and minima), and the",
+              " * multiple of the scale that is a block's minimum where none is stored */",
+              per_form("FORM_SCALE_BITS", lambda form: form.scale_bits),
+              per_form("FORM_IMPLIED_MINIMUM", lambda form: form.implied_minimum)]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
 

@@ -17,8 +17,17 @@ Every form is then w = d * c + m with unsigned codes c. The tensors keep their
 source's shapes ([N, K/2] or [N, K] codes, [N, K/32] or [N, K/16] scales), in the
 group order [N/16, K/32, vectors, 16 lanes, 4 bytes]; N must be a multiple of 16.
 
-Q4_K and Q6_K files keep their width in the super-block forms (SuperBlocks), where
-the build's int8 loop has a tile for them (SUPER_BLOCK_LOOPS):
+Where the build's int8 loop has a tile for them (AT_WIDTH_LOOPS), tensors keep their
+file's width. GGUF's types of one fp16 scale a block keep those scales (and Q4_1's
+fp16 minima), widened in the kernel; a minimum not stored is a multiple of the scale
+(the table's `implied_minimum`), the one the wide forms store:
+
+    form      from            codes             scales, minima (fp16, group order)
+    I8_Q4_0   Q4_0            as I8_Q4          d; m = -8 d
+    I8_Q4_1   Q4_1            as I8_Q4          d, m
+    I8_Q8_0   Q8_0, Q5_0      as I8_U8          d; m = -128 d
+
+Q4_K and Q6_K files keep theirs in the super-block forms (SuperBlocks):
 
     form      from    codes                          scales          minima (bytes)
     I8_Q4K    Q4_K    as I8_Q4, [N, K/2]             d, dmin per     scale, minimum
@@ -40,15 +49,16 @@ from .block_formats import BLOCK, SUPER_BLOCK, Blocks
 LANES = 16
 """Columns per group: the lanes of the kernels' vectors."""
 
-SUPER_BLOCK_LOOPS = ("avx2",)
-"""The int8 loops (native.py's INT8_PATHS) with a vector tile for the super-block
-forms; the others multiply them one column at a time, so there the wide forms serve."""
+AT_WIDTH_LOOPS = ("avx2",)
+"""The int8 loops (native.py's INT8_PATHS) with a vector tile for the forms at a
+file's width (the fp16 and super-block forms); the others multiply them one column at
+a time, so there the wide forms serve."""
 
 
 def int8_form_for(gguf_kind: str, int8_loop: str) -> str:
     """The int8-activation form a tensor of GGUF type `gguf_kind` is read into on a
     build whose int8 loop is `int8_loop`."""
-    if int8_loop in SUPER_BLOCK_LOOPS and gguf_kind in INT8_AT_WIDTH:
+    if int8_loop in AT_WIDTH_LOOPS and gguf_kind in INT8_AT_WIDTH:
         return INT8_AT_WIDTH[gguf_kind]
     return INT8_FORM_OF[FORM_OF[gguf_kind]]
 
@@ -86,8 +96,10 @@ class Int8Blocks(Blocks):
         if FORMS[self.kind].code_bits == 4:
             nibbles = codes.view(codes.shape[0], -1, BLOCK // 2)
             codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
-        scales, minima = (values.view(n // LANES, -1, LANES)[groups, :, lanes]
-                          for values in (self.scales, self.minima))
+        scales = self.scales.view(n // LANES, -1, LANES)[groups, :, lanes].float()
+        implied = FORMS[self.kind].implied_minimum
+        minima = implied * scales if implied else \
+            self.minima.view(n // LANES, -1, LANES)[groups, :, lanes].float()
         values = codes.reshape(codes.shape[0], -1, FORMS[self.kind].scale_group).float()
         return (scales[..., None] * values + minima[..., None]).reshape(codes.shape[0], -1)
 
@@ -99,7 +111,7 @@ class Int8Blocks(Blocks):
         if start % LANES or stop % LANES:
             raise ValueError(f"rows [{start}, {stop}) cut a group of {LANES} columns")
         return Int8Blocks(self.kind, self.codes[start:stop], self.scales[start:stop],
-                          self.minima[start:stop])
+                          None if self.minima is None else self.minima[start:stop])
 
 
 def empty_int8_blocks(int8_form: str, rows: int, row_length: int) -> Int8Blocks:
@@ -113,7 +125,9 @@ def empty_int8_blocks(int8_form: str, rows: int, row_length: int) -> Int8Blocks:
                            torch.empty(rows, row_length // traits.super_block * scales_per_super),
                            torch.empty(rows, row_length // 16, dtype=torch.uint8))
     groups = row_length // traits.scale_group
-    return Int8Blocks(int8_form, codes, torch.empty(rows, groups), torch.empty(rows, groups))
+    dtype = torch.float16 if traits.scale_bits == 16 else torch.float32
+    minima = None if traits.implied_minimum else torch.empty(rows, groups, dtype=dtype)
+    return Int8Blocks(int8_form, codes, torch.empty(rows, groups, dtype=dtype), minima)
 
 
 class SuperBlocks(Int8Blocks):

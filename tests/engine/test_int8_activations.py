@@ -18,7 +18,7 @@ from engine import load_model
 from engine.kernels.build import default_kernels
 from engine.models.block_formats import Blocks
 from engine.models.block_weights import BlockLinear
-from engine.models.int8_blocks import to_int8_form
+from engine.models.int8_blocks import int8_form_for, to_int8_form
 from tests.engine.test_block_kinds_stack import mixed_path  # noqa: F401 (fixture)
 from tests.engine.test_packed_stack import assert_fast_stack_serves_its_rows
 from tests.helpers import cpu_isa, runnable_isa_levels
@@ -124,10 +124,12 @@ def test_every_projection_is_repacked_and_keeps_no_dense_copy(int8_model, mixed_
                    if isinstance(m, BlockLinear)]
     assert len(projections) == 4 * len(module.layers)
     assert all(p.weight is None and p.packed is None for p in projections)
-    assert {part.kind for p in projections for part in p.parts} == {"I8_Q4", "I8_U8"}
+    loop = default_kernels().int8_path         # each type in its form on this build's loop
+    q4_1, q8_0, q5_1 = (int8_form_for(kind, loop) for kind in ("Q4_1", "Q8_0", "Q5_1"))
+    assert {part.kind for p in projections for part in p.parts} == {q4_1, q8_0, q5_1}
     qkv = module.layers[0].self_attn.qkv_proj
-    assert [part.kind for part in qkv.parts] == ["I8_Q4", "I8_U8"]   # Q4_1 q, k; Q8_0 v
-    assert module.lm_head.kind == "I8_U8"      # tied: the table repacked once, for both
+    assert [part.kind for part in qkv.parts] == [q4_1, q8_0]          # Q4_1 q, k; Q8_0 v
+    assert module.lm_head.kind == q8_0         # tied: the table repacked once, for both
     assert module.embed_tokens.blocks.codes.data_ptr() == module.lm_head.codes.data_ptr()
     exact = load_model(str(mixed_path), progress=False).module
     ids = torch.tensor([[3, 700, 49151]])

@@ -65,7 +65,7 @@ def test_products_equal_the_wide_forms(kernels, kind, rows):  # noqa: F811
     got = kernels.gemm(blocks.kind, x, blocks.codes, blocks.scales, blocks.minima)
     want = kernels.gemm(wide.kind, x, wide.codes, wide.scales, wide.minima)
     reference, size = quantized_product(x, blocks.dequantize())
-    if kernels.int8_path in int8_blocks.SUPER_BLOCK_LOOPS and kind == "Q4_K":
+    if kernels.int8_path in int8_blocks.AT_WIDTH_LOOPS and kind == "Q4_K":
         assert torch.equal(got, want)
     assert ((got.double() - reference).abs() / size).max() < 1e-5
     assert ((got.double() - want.double()).abs() / size).max() < 1e-5
@@ -105,7 +105,9 @@ def test_they_take_the_bytes_the_type_table_gives(kernels, kind):  # noqa: F811
 def test_the_form_follows_the_builds_int8_loop():
     assert int8_form_for("Q4_K", "avx2") == "I8_Q4K"
     assert int8_form_for("Q6_K", "avx2") == "I8_Q6K"
-    assert int8_form_for("Q4_0", "avx2") == "I8_Q4"
+    assert int8_form_for("Q4_0", "avx2") == "I8_Q4_0"
+    assert int8_form_for("Q5_1", "avx2") == "I8_U8"              # no form at its width
+    assert int8_form_for("Q4_0", "avx512_vnni") == "I8_Q4"
     assert int8_form_for("Q4_K", "avx512_vnni") == "I8_Q4"       # no tile there yet
     assert int8_form_for("Q6_K", "dotprod") == "I8_U8_16"
 
@@ -122,12 +124,12 @@ def gemma_forms(kernels):  # noqa: F811
     int8-activations, read into the super-block forms and into the wide ones."""
     from engine.loading.model_files import resolve_embedded
 
-    if kernels.int8_path not in int8_blocks.SUPER_BLOCK_LOOPS:
+    if kernels.int8_path not in int8_blocks.AT_WIDTH_LOOPS:
         pytest.skip(f"the {kernels.int8_path} loop reads the wide forms")
     path = str(resolve_embedded("gemma3-270m"))
     at_width = load_model(path, dtype="int8-activations", progress=False)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_blocks, "SUPER_BLOCK_LOOPS", ())
+        patch.setattr(int8_blocks, "AT_WIDTH_LOOPS", ())
         wide = load_model(path, dtype="int8-activations", progress=False)
     return at_width, wide
 

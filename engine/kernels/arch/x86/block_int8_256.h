@@ -17,6 +17,8 @@
  *     |c - 128| times x with c - 128's sign, and 128 * sum(x) is added back.
  * The integers are the portable loop's, so only the fp32 scaling's order differs.
  *
+ * The fp16 forms (avx2 only: I8_Q4_0 and I8_Q4_1 hold I8_Q4's codes, I8_Q8_0 I8_U8's)
+ * take the same sums; their scales are widened with `vcvtph2ps` once per half block.
  * The super-block forms (avx2 only) take the same sums: I8_Q4K's codes are I8_Q4's,
  * and I8_Q6K's low nibbles and high bits unpack straight to q (0..63), the halves
  * form's c - 96. Their per-block scales are formed once per block and half from the
@@ -31,11 +33,14 @@
 
 #include <immintrin.h>
 
-enum { FORM_Q4, FORM_U8, FORM_U8_HALVES, FORM_Q4K, FORM_Q6K };
+enum { FORM_Q4, FORM_U8, FORM_U8_HALVES, FORM_Q4K, FORM_Q6K, FORM_Q4_0, FORM_Q4_1, FORM_Q8_0 };
 
-/* Forms whose blocks are 4-bit codes summed whole, and forms with two scales a block. */
-#define NIBBLE_FORM(form) ((form) == FORM_Q4 || (form) == FORM_Q4K)
+/* Forms whose blocks are 4-bit codes summed whole, forms with two scales a block, and
+ * forms that keep the file's fp16 scales. */
+#define NIBBLE_FORM(form) \
+    ((form) == FORM_Q4 || (form) == FORM_Q4K || (form) == FORM_Q4_0 || (form) == FORM_Q4_1)
 #define HALVES_FORM(form) ((form) == FORM_U8_HALVES || (form) == FORM_Q6K)
+#define FP16_FORM(form) ((form) == FORM_Q4_0 || (form) == FORM_Q4_1 || (form) == FORM_Q8_0)
 
 /* acc + the dword sums of w's unsigned bytes times x's signed ones (AVX-VNNI). */
 #if INT8_PATH == INT8_AVX_VNNI
@@ -150,11 +155,21 @@ static inline __attribute__((always_inline)) void row_sums(
 }
 
 /* Half h's scales and minima of block b (the halves forms: of both 16-weight halves,
- * in *d1 and *m1 too): loaded, or for the super-block forms formed from their integer
- * sub-scales as the parser forms the wide forms' values (block_parse.c). */
+ * in *d1 and *m1 too): loaded, widened from the file's fp16 (a minimum not stored is
+ * the table's multiple of the scale, as the parser forms the wide forms' one), or for
+ * the super-block forms formed from their integer sub-scales as the parser forms the
+ * wide forms' values (block_parse.c). */
 static inline __attribute__((always_inline)) void half_scales(
         const GroupView *view, int64_t b, int h, const int form,
         __m256 *d0, __m256 *m0, __m256 *d1, __m256 *m1) {
+    if (FP16_FORM(form)) {
+        const int64_t at = b * GROUP + 8 * h;
+        *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(view->d16 + at)));
+        *m0 = form == FORM_Q4_1
+            ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(view->m16 + at)))
+            : _mm256_mul_ps(*d0, _mm256_set1_ps(view->implied_minimum));
+        return;
+    }
     if (form == FORM_Q4K) {
         const float *sup = view->d + (b / 8) * 2 * GROUP + 8 * h;
         const uint8_t *sub = view->sub + b * 2 * GROUP + 8 * h;
@@ -327,6 +342,21 @@ static __attribute__((noinline)) void group_tile_256_halves(const Int8Job *job, 
 }
 
 #if INT8_PATH == INT8_AVX2
+static __attribute__((noinline)) void group_tile_256_q4_0(const Int8Job *job, int64_t group,
+                                                          int64_t r0, int tile) {
+    TILE_CASES(FORM_Q4_0)
+}
+
+static __attribute__((noinline)) void group_tile_256_q4_1(const Int8Job *job, int64_t group,
+                                                          int64_t r0, int tile) {
+    TILE_CASES(FORM_Q4_1)
+}
+
+static __attribute__((noinline)) void group_tile_256_q8_0(const Int8Job *job, int64_t group,
+                                                          int64_t r0, int tile) {
+    TILE_CASES(FORM_Q8_0)
+}
+
 static __attribute__((noinline)) void group_tile_256_q4k(const Int8Job *job, int64_t group,
                                                          int64_t r0, int tile) {
     TILE_CASES(FORM_Q4K)
@@ -355,6 +385,12 @@ static void group_tile_256(const Int8Job *job, int64_t group, int64_t r0, int ti
     }
     if (job->kind == BLOCKS_I8_Q6K) {
         group_tile_256_q6k(job, group, r0, tile);
+        return;
+    }
+    if (job->kind == BLOCKS_I8_Q4_0 || job->kind == BLOCKS_I8_Q4_1 || job->kind == BLOCKS_I8_Q8_0) {
+        (job->kind == BLOCKS_I8_Q4_0 ? group_tile_256_q4_0
+         : job->kind == BLOCKS_I8_Q4_1 ? group_tile_256_q4_1 : group_tile_256_q8_0)(
+            job, group, r0, tile);
         return;
     }
 #endif
