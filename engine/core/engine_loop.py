@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -175,6 +176,8 @@ class EngineLoop:
             "spec_num_drafts": counts.num_drafts,
             "spec_num_draft_tokens": counts.num_draft_tokens,
             "spec_num_accepted_tokens": counts.num_accepted_tokens,
+            "spec_timed_steps": (sum(proposer.row_cost.samples.values())
+                                 if proposer is not None else 0),
             **{f"spec_accepted_at_{position}": count
                for position, count in enumerate(counts.accepted_per_position)},
         }
@@ -312,8 +315,18 @@ class EngineLoop:
             batch = self.scheduler.schedule()
             if batch is None:
                 return
+            started = time.perf_counter()
             news = self.collect(self.launch(batch))
+            self._time_decode_step(batch, time.perf_counter() - started)
         self.deliver(news)
+
+    def _time_decode_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A decode-only step's rows and seconds to the proposer (what a draft's row
+        costs: speculative/row_cost.py)."""
+        proposer = self.scheduler.proposer
+        if proposer is not None and batch.entries and all(
+                e.num_tokens == 1 + len(e.drafts) for e in batch.entries):
+            proposer.record_step(sum(e.num_tokens for e in batch.entries), seconds)
 
     def launch(self, batch: ScheduledBatch, inputs=None) -> LaunchedStep:
         """Queue `batch` on the device (runner.launch) and count it: its requests'

@@ -27,7 +27,9 @@ than the drafts accepted there (all kept: twice as many as proposed), between 1 
 num_speculative_tokens. A verify row costs nearly a decode row where a step is
 compute-bound (docs/speculative-decoding.md), so drafts that keep being rejected
 shrink to a single cheap probe, while a request that keeps quoting reaches the cap
-in a few steps.
+in a few steps. Of that allowance a step takes only the drafts worth their rows at
+the measured cost of one more row (row_cost.py): all of them where rows are nearly
+free, none where the step is compute-bound and the drafts are not nearly sure.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Protocol
 from ..core.requests import RequestState
 from .config import SpeculativeConfig
 from .prompt_lookup import PromptLookup
+from .row_cost import RowCost, acceptance_of
 from .suffix_cache import SuffixCache
 
 
@@ -69,6 +72,8 @@ class Proposer(Protocol):
 
     counts: SpeculationCounts
     """What its drafts' verify steps kept, over the engine's life."""
+    row_cost: RowCost
+    """The decode steps' seconds by rows it was told of (record_step)."""
 
     def prepare(self, requests: list[RequestState], batch_size: int) -> None:
         """Before a step is built: the decoding requests that may take drafts in it."""
@@ -83,6 +88,9 @@ class Proposer(Protocol):
 
     def release(self, request: RequestState) -> None:
         """The request left the engine (finished, cancelled or failed)."""
+
+    def record_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step of `rows` rows (drafts included) took `seconds`."""
 
 
 def speculates(request: RequestState) -> bool:
@@ -100,6 +108,8 @@ class NgramProposer:
         self.limits: dict[str, int] = {}
         """request id -> drafts allowed next (after its first verify step)."""
         self.counts = SpeculationCounts()
+        self.row_cost = RowCost()
+        """Decode steps' seconds by rows: how many drafts are worth their rows."""
 
     def prepare(self, requests: list[RequestState], batch_size: int) -> None:
         """Before a step is built: the decoding requests that may take drafts in it
@@ -108,7 +118,8 @@ class NgramProposer:
     def limit(self, request: RequestState, batch_size: int, budget: int | None = None) -> int:
         """How many drafts the request may take now (0: none): its allowance, never
         past max_new_tokens or `budget`; none for a request that does not speculate or
-        past disable_by_batch_size running requests."""
+        past disable_by_batch_size running requests, and no more than are worth their
+        rows at the measured cost of one (row_cost.py)."""
         config = self.config
         left = request.max_new_tokens - len(request.generated_tokens) - 1
         limit = min(self.limits.get(request.request_id, config.num_speculative_tokens), left)
@@ -117,7 +128,10 @@ class NgramProposer:
         if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
                                                        and batch_size >= config.disable_by_batch_size)):
             return 0
-        return limit
+        counts = self.counts
+        acceptance = acceptance_of(request.num_accepted_tokens, request.num_draft_tokens,
+                                   counts.num_accepted_tokens, counts.num_draft_tokens)
+        return self.row_cost.drafts_worth(acceptance, batch_size, limit)
 
     def propose(self, request: RequestState, budget: int, batch_size: int) -> tuple[int, ...]:
         """Up to `budget` drafts for a decoding request (fewer near max_new_tokens;
@@ -152,6 +166,9 @@ class NgramProposer:
         request.num_accepted_tokens += accepted
         grown = accepted + 1 if accepted < proposed else 2 * proposed
         self.limits[request.request_id] = max(1, min(self.config.num_speculative_tokens, grown))
+
+    def record_step(self, rows: int, seconds: float) -> None:
+        self.row_cost.record(rows, seconds)
 
     def release(self, request: RequestState) -> None:
         """The request left the engine (finished, cancelled or failed)."""

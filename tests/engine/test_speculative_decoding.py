@@ -45,6 +45,7 @@ def test_greedy_tokens_are_those_of_plain_decoding(family, tiny_models):
     assert stats["spec_decode"] == 1 and stats["spec_num_drafts"] > 0
     assert 0 < stats["spec_num_accepted_tokens"] <= stats["spec_num_draft_tokens"]
     assert stats["num_steps"] < plain_stats["num_steps"]       # tokens several at a time
+    assert 0 < stats["spec_timed_steps"] <= stats["num_steps"]  # what a row costs, measured
 
 
 def test_chunked_prefill_prefix_hits_and_preemption(tiny_llama):
