@@ -377,12 +377,15 @@ static void int8_part(const void *arg, int part, int parts) {
                                                                             : INT8_ROW_TILE));
 }
 
-/* block_gemm for the int8 kinds (kernels.h): 1 for N not a multiple of 16, 2 when out
- * of memory. */
+/* block_gemm for the int8 kinds (kernels.h): 1 for N not a multiple of 16 (the
+ * super-block forms: K not one of 256) or a missing d or m (only the forms with an
+ * implied minimum have no m), 2 when out of memory. */
 int int8_block_gemm(int kind, const float *x, int64_t rows, int64_t k, const void *q,
                     const float *d, const float *m, int64_t n, float *y, int64_t ldy,
                     int num_threads) {
-    if (n % GROUP || ((kind == BLOCKS_I8_Q4K || kind == BLOCKS_I8_Q6K) && k % 256)) return 1;
+    if (n % GROUP || ((kind == BLOCKS_I8_Q4K || kind == BLOCKS_I8_Q6K) && k % 256)
+        || !d || (!m && !form_implied_minimum[kind]))    /* every other form reads m */
+        return 1;
     const int64_t blocks = k / BLOCK;
     QuantizedRows quantized = {malloc((size_t)(rows * k)),
                                malloc(sizeof(float) * (size_t)(rows * blocks)),

@@ -127,3 +127,10 @@ def test_the_default_model_answers_as_the_wide_forms(kernels):  # noqa: F811
     assert kinds == {"I8_Q4_1", "I8_Q8_0"}
     ids = [1, 9690, 28, 18057, 30, 17, 4826, 6128, 25, 2]
     assert torch.equal(at_width.prompt_logits(ids), wide.prompt_logits(ids))
+
+
+def test_a_form_with_minima_refuses_to_run_without_them(kernels):  # noqa: F811
+    raw = torch.from_numpy(random_blocks("Q4_1", ROWS, 256, seed=2))
+    blocks = parsed(kernels, "Q4_1", "I8_Q4_1", raw)
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        kernels.gemm(blocks.kind, torch.randn(2, 256), blocks.codes, blocks.scales, None)
