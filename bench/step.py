@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="auto", help="as the server's --dtype (auto: its default)")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="auto, float32 or bfloat16 (load_model's kv_cache_dtype)")
     parser.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
