@@ -59,6 +59,10 @@ class EngineLoop:
         self.async_steps = AsyncSteps(self) if parts.async_batching else None
         """Async batching (async_steps.py): a step stays in flight between loop turns."""
         self.router = router
+        self.times_drafts = config.seed is None
+        """Whether decode steps' times decide how many drafts are taken (row_cost.py):
+        not under an engine seed, whose sampled requests repeat themselves only while
+        their drafts do not hang on the host's timing."""
         self.inbox: queue.Queue = queue.Queue()
         self.submit_lock = threading.Lock()
         """Held by callers around "may I submit? submit" and by stop/crash paths around
@@ -324,7 +328,7 @@ class EngineLoop:
         """A decode-only step's rows and seconds to the proposer (what a draft's row
         costs: speculative/row_cost.py)."""
         proposer = self.scheduler.proposer
-        if proposer is not None and batch.entries and all(
+        if proposer is not None and self.times_drafts and batch.entries and all(
                 e.num_tokens == 1 + len(e.drafts) for e in batch.entries):
             proposer.record_step(sum(e.num_tokens for e in batch.entries), seconds)
 

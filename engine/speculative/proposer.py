@@ -119,7 +119,8 @@ class NgramProposer:
         """How many drafts the request may take now (0: none): its allowance, never
         past max_new_tokens or `budget`; none for a request that does not speculate or
         past disable_by_batch_size running requests, and no more than are worth their
-        rows at the measured cost of one (row_cost.py)."""
+        rows at the measured cost of one (row_cost.py) unless it is sampled with a seed
+        (its tokens then hang on how many it drafts, which timing must not decide)."""
         config = self.config
         left = request.max_new_tokens - len(request.generated_tokens) - 1
         limit = min(self.limits.get(request.request_id, config.num_speculative_tokens), left)
@@ -128,6 +129,8 @@ class NgramProposer:
         if (limit <= 0 or not speculates(request) or (config.disable_by_batch_size is not None
                                                        and batch_size >= config.disable_by_batch_size)):
             return 0
+        if request.sampling.seed is not None and not request.sampling.is_greedy:
+            return limit        # repeats itself: its drafts never hang on the timing
         counts = self.counts
         acceptance = acceptance_of(request.num_accepted_tokens, request.num_draft_tokens,
                                    counts.num_accepted_tokens, counts.num_draft_tokens)

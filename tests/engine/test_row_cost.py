@@ -80,3 +80,17 @@ def test_the_proposer_offers_what_the_rows_are_worth():
         for rows in (1, 3, 5):
             cheap.record_step(rows, 0.060 + 0.002 * rows)
     assert cheap.limit(request, batch_size=1) == 4
+
+
+def test_a_seeded_sampled_request_keeps_its_allowance():
+    """Its tokens hang on how many drafts it takes, so timing must not decide them."""
+    proposer = NgramProposer(SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    for _ in range(5):
+        for rows in (8, 12, 16):
+            proposer.record_step(rows, 0.010 + 0.020 * rows)   # compute-bound
+    seeded = _request(0)
+    seeded.sampling = SamplingParams(do_sample=True, temperature=0.7, seed=5)
+    assert proposer.limit(seeded, batch_size=8) == 4
+    unseeded = _request(0)
+    unseeded.sampling = SamplingParams(do_sample=True, temperature=0.7)
+    assert proposer.limit(unseeded, batch_size=8) == 0
