@@ -17,26 +17,17 @@ import torch
 from engine import load_model
 from engine.kernels.block_types import FORMS, INT8_FORM_OF
 from engine.models import int8_blocks
-from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
+from engine.models.block_formats import FORM_OF, parse_blocks
 from engine.models.block_weights import BlockLinear
 from engine.models.int8_blocks import empty_int8_blocks
 from tests.engine.test_block_formats import kernels, random_blocks  # noqa: F401
 from tests.engine.test_block_parse import with_odd_scales
 from tests.engine.test_int8_activations import quantized_product
+from tests.engine.test_super_blocks import parsed
 from tests.helpers import cpu_isa, runnable_isa_levels
 
 AT_WIDTH = {"Q4_0": "I8_Q4_0", "Q4_1": "I8_Q4_1", "Q8_0": "I8_Q8_0", "Q5_0": "I8_Q8_0"}
 ROWS, COLS = 48, 512
-
-
-def parsed(kernels, kind: str, form: str, raw: torch.Tensor, ahead: int = 0,  # noqa: F811
-           order: torch.Tensor | None = None):
-    """raw's rows (GGUF type `kind`, 32-weight blocks) parsed into `form`, after
-    `ahead` rows of another part."""
-    rows = raw.shape[0] if order is None else order.shape[0]
-    out = empty_int8_blocks(form, ahead + rows, raw.shape[1] // BYTES_PER_BLOCK[kind] * 32)
-    kernels.parse_gguf(kind, raw, out, ahead, order)
-    return out.row_range(ahead, ahead + rows)
 
 
 @pytest.mark.parametrize("kind", sorted(AT_WIDTH))

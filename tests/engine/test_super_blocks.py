@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.kernels.block_types import FORMS, INT8_FORM_OF
+from engine.kernels.block_types import FORMS, GGUF_TYPES, INT8_FORM_OF
 from engine.models import int8_blocks
 from engine.models.block_formats import BYTES_PER_BLOCK, FORM_OF, parse_blocks
 from engine.models.block_weights import BlockLinear
@@ -32,7 +32,8 @@ ROWS, COLS = 48, 512
 def parsed(kernels, kind: str, form: str, raw: torch.Tensor, ahead: int = 0,  # noqa: F811
            order: torch.Tensor | None = None):
     rows = raw.shape[0] if order is None else order.shape[0]
-    out = empty_int8_blocks(form, ahead + rows, raw.shape[1] // BYTES_PER_BLOCK[kind] * 256)
+    weights = {t.name: t.weights for t in GGUF_TYPES}[kind]        # per block
+    out = empty_int8_blocks(form, ahead + rows, raw.shape[1] // BYTES_PER_BLOCK[kind] * weights)
     kernels.parse_gguf(kind, raw, out, ahead, order)
     return out.row_range(ahead, ahead + rows)
 
